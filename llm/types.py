@@ -1,0 +1,102 @@
+"""The LLM stage's vocabulary: what a generation is asked for and what it streams out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["eos", "length", "stop", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class TokenGroup:
+    """The tokens one target forward pass accepted, streamed downstream as one unit.
+
+    `text` is the UTF-8-safe text delta: a character split across tokens appears whole,
+    in the group that completes it. `drafted` is how many tokens the drafter proposed for
+    this pass and `accepted` how many of those the target kept; the group holds
+    `accepted + 1` tokens (the target's own token) unless the turn ended inside it.
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    drafted: int
+    accepted: int
+    timestamp: float = field(default_factory=time.monotonic)
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. temperature == 0 means greedy (exact argmax)."""
+
+    max_new_tokens: int = 96
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k
+    top_p: float = 1.0  # 1.0: no nucleus cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class GenerationStats:
+    """Per-generation counters; `tokens_per_pass` is the figure speculation exists to raise."""
+
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens actually computed (the rest came from a KV cache)
+    new_tokens: int = 0
+    passes: int = 0  # target forward passes after prefill
+    drafted: int = 0
+    accepted: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    ttft_s: float | None = None
+    gammas: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.new_tokens / self.passes if self.passes else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
+            "new_tokens": self.new_tokens,
+            "passes": self.passes,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "tokens_per_pass": round(self.tokens_per_pass, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "prefill_s": round(self.prefill_s, 5),
+            "draft_s": round(self.draft_s, 5),
+            "verify_s": round(self.verify_s, 5),
+            "total_s": round(self.total_s, 5),
+            "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 5),
+            "mean_gamma": round(sum(self.gammas) / len(self.gammas), 3) if self.gammas else 0.0,
+        }

@@ -1,0 +1,168 @@
+"""The agent's configuration: TOML files under `configs/`, validated with pydantic.
+
+One model per section, each with the defaults of the embedded offline CPU setup, so a
+config file only names what it changes. Unknown keys are errors (a typo must not be
+silently ignored on a live call).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpenAIConfig(Section):
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 30.0
+
+
+class LLMConfig(Section):
+    backend: Literal["speculative", "openai"] = "speculative"
+    # A catalog name (see `specvoice models list`), a Hugging Face id, a local directory or a GGUF file.
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    draft: str | None = "qwen2.5-coder-0.5b-instruct"
+    drafter: Literal["model", "ngram", "hybrid", "none"] = "hybrid"
+    # "auto": adaptive gamma in [0, max_gamma]; an integer: a fixed gamma.
+    gamma: int | Literal["auto"] = "auto"
+    max_gamma: int = Field(default=8, ge=0, le=32)
+    device: str = "cpu"
+    # "int8": batch-invariant int8 linears (the CPU fast path); float dtypes elsewhere.
+    dtype: Literal["auto", "int8", "float32", "bfloat16", "float16"] = "auto"
+    max_new_tokens: int = Field(default=96, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)  # 0 means greedy
+    top_k: int = Field(default=0, ge=0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = 0
+    stop: list[str] = Field(default_factory=list)
+    context_tokens: int = Field(default=4096, ge=64)
+    threads: int | None = None
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+
+    @model_validator(mode="after")
+    def _gamma_in_range(self) -> "LLMConfig":
+        if isinstance(self.gamma, int) and self.gamma < 0:
+            raise ValueError("llm.gamma must be 'auto' or an integer >= 0")
+        return self
+
+
+class AgentConfig(Section):
+    name: str = "Riverside Dental"
+    system_prompt: str = (
+        "You are the friendly phone receptionist of Riverside Dental. Answer in one to three short "
+        "spoken sentences, no lists or markdown.\n"
+        "Facts: address 42 Harbor Street, Springfield. Hours: Monday to Friday 8 a.m. to 6 p.m., "
+        "Saturday 9 a.m. to 1 p.m., closed Sunday. Cleaning costs $89, a check-up $59, whitening "
+        "$249. Open slots: Tuesday 10:30 a.m., Wednesday 2:15 p.m., Friday 9:00 a.m. "
+        "Dr. Patel and Dr. Moreno are the dentists. Phone 555-0142."
+    )
+    greeting: str = "Riverside Dental, how can I help you today?"
+    # Budget for the conversation history fed to the LLM; older turns are dropped first.
+    history_tokens: int = Field(default=1536, ge=64)
+
+
+class STTConfig(Section):
+    model: str = "whisper-base"  # catalog name, a faster-whisper model path, or a model name
+    device: str = "cpu"
+    compute_type: str = "int8"
+    beam_size: int = Field(default=1, ge=1)
+    language: str | None = "en"
+    interim: bool = False
+
+
+class TTSConfig(Section):
+    engine: Literal["piper", "coqui"] = "piper"
+    voice: str = "piper-joe-medium"  # catalog name or a path to a voice (.onnx) / model directory
+    length_scale: float = 1.0
+
+
+class VADConfig(Section):
+    threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
+    start_ms: int = Field(default=200, ge=0)
+    end_silence_ms: int = Field(default=500, ge=30)
+    preroll_ms: int = Field(default=300, ge=0)
+    max_utterance_s: float = Field(default=20.0, gt=0.0)
+
+
+class PipelineConfig(Section):
+    first_clause: bool = False
+    first_clause_min_words: int = Field(default=6, ge=2)
+    barge_in: bool = True
+
+
+class BridgeConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    public_url: str | None = None  # wss://... used in TwiML; defaults to the request's Host
+    max_calls: int = Field(default=4, ge=1)
+    idle_timeout_s: float = Field(default=30.0, gt=0.0)
+    max_message_bytes: int = Field(default=64 * 1024, ge=1024)
+    handshake_timeout_s: float = Field(default=5.0, gt=0.0)
+    auth_token_file: str | None = None
+    twilio_auth_token_file: str | None = None
+    require_auth: bool = True
+
+
+class ReportConfig(Section):
+    dir: str = "reports"
+
+
+class MQTTConfig(Section):
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(default=1883, ge=1, le=65535)
+    topic_prefix: str = "specvoice"
+    qos: Literal[0, 1, 2] = 1
+    buffer: int = Field(default=256, ge=1)
+    retry_s: float = Field(default=1.0, gt=0.0)
+
+
+class Config(Section):
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    stt: STTConfig = Field(default_factory=STTConfig)
+    tts: TTSConfig = Field(default_factory=TTSConfig)
+    vad: VADConfig = Field(default_factory=VADConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    bridge: BridgeConfig = Field(default_factory=BridgeConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    mqtt: MQTTConfig = Field(default_factory=MQTTConfig)
+
+
+class ConfigError(ValueError):
+    """A config file that is missing, unreadable or invalid."""
+
+
+def config_path(name_or_path: str | Path | None) -> Path:
+    """`None` -> configs/default.toml; a bare name like "gpu" -> configs/gpu.toml; else a path."""
+    if name_or_path is None:
+        return CONFIG_DIR / "default.toml"
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = CONFIG_DIR / f"{name_or_path}.toml"
+    return path
+
+
+def load_config(name_or_path: str | Path | None = None) -> Config:
+    path = config_path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
+        raise ConfigError(f"config file not found: {path} (built-in configs: {known})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config {path}:\n{exc}") from exc
