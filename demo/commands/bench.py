@@ -1,0 +1,51 @@
+"""`specvoice bench KIND`: benchmarks that print a table and write JSON (never tests)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+HELP = "benchmarks: llm, engine, voice, pipeline, load"
+DESCRIPTION = """\
+Benchmarks print their figures and write JSON (--out). Compare modes side by side in
+one run: this machine is shared and noisy, so ratios measured together are what count.
+
+  specvoice bench llm --out bench-llm.json        # our engine vs Hugging Face, real default pair
+  specvoice bench engine --out engine.json        # controlled acceptance, random weights (GPU or CPU)
+  specvoice bench voice --out voice.json          # STT / TTS / VAD real-time factors
+  specvoice bench pipeline --out pipeline.json    # a scripted call, speculation on vs off
+  specvoice bench load --calls 1 2 4              # N simulated callers against one bridge
+"""
+
+# (name, module): each module has HELP, DESCRIPTION, add_arguments(parser), run(args).
+BENCHES: list[tuple[str, str]] = [
+    ("llm", "demo.bench_llm"),
+    ("engine", "demo.bench_engine"),
+    ("voice", "demo.bench_voice"),
+    ("pipeline", "demo.bench_pipeline"),
+    ("load", "demo.bench_load"),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="KIND")
+    for name, module_name in BENCHES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        cmd = sub.add_parser(
+            name, help=module.HELP, description=module.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(cmd)
+        cmd.set_defaults(_bench_run=module.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not getattr(args, "_bench_run", None):
+        print(DESCRIPTION)
+        return 2
+    return int(args._bench_run(args) or 0)
