@@ -10,6 +10,7 @@ refuses `save_pretrained`, so the weights are written with safetensors directly.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -37,7 +38,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.floa
         state.pop("lm_head.weight", None)
     # `.to(dtype)` copies, so no two saved tensors share storage even when untied.
     tensors = {name: t.detach().to(dtype).contiguous() for name, t in state.items()}
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    weights = out_dir / "model.safetensors"
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    # safetensors creates the file owner-only; give it the same mode as every other file here.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights, 0o666 & ~umask)
 
     model.config.dtype = dtype  # what the saved weights are, so dtype="auto" loads them as-is
     model.config.save_pretrained(out_dir)

@@ -1,0 +1,213 @@
+"""The speculative decoding loop: prefill, then draft -> verify -> emit, one group per pass.
+
+Pure functions over explicit state, in the manner of gpt-fast's generate.py:
+
+    prefill(model, seq, prompt)            -> logits after the prompt (reusing cached K/V)
+    speculative_stream(...)                -> yields one TokenGroup per target pass
+
+`Sequence` is a conversation's target-side state: its KV cache and the tokens whose
+K/V the cache holds. It outlives one generation, so turn N of a call prefills only
+the tokens turn N added. Rolling back after a rejection is setting the valid length.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from llm.detokenize import IncrementalDetokenizer
+from llm.drafters import Drafter, Proposal, common_prefix
+from llm.gamma import GammaController
+from llm.model import KVCache, Transformer, forward, new_cache
+from llm.sampling import choose, verify_greedy, verify_sampled, warp
+from llm.types import GenerationStats, SamplingParams, TokenGroup
+
+
+@dataclass
+class Sequence:
+    cache: KVCache
+    tokens: list[int] = field(default_factory=list)  # tokens whose K/V are valid in `cache`
+
+
+def new_sequence(model: Transformer, capacity: int = 256) -> Sequence:
+    return Sequence(new_cache(model, capacity))
+
+
+def prefill(model: Transformer, seq: Sequence, prompt: list[int]) -> tuple[torch.Tensor, int]:
+    """Bring `seq` to hold `prompt` and return (logits for the next token, tokens computed).
+
+    Keeps the longest prefix the cache already holds and computes only the rest (at
+    least the last token, whose logits we need)."""
+    keep = min(common_prefix(seq.tokens, prompt), len(prompt) - 1)
+    todo = torch.tensor(prompt[keep:], dtype=torch.long, device=model.device)
+    logits = forward(model, seq.cache, todo, keep, all_logits=False)[-1]
+    seq.tokens = list(prompt)
+    return logits, len(prompt) - keep
+
+
+def draft(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int, params: SamplingParams) -> Proposal:
+    """Ask the drafters in order (n-gram lookup first: it is free) for at most `limit` tokens.
+
+    A drafter that can say how many it has (n-gram) is asked first and its offer is cut
+    to the controller's choice; a draft model is asked for exactly the chosen gamma."""
+    for d in drafters:
+        if d.name == "ngram":
+            offer = d.propose(context, limit, params)
+            if offer.tokens:
+                g = controller.choose("ngram", len(offer.tokens))
+                return Proposal(offer.tokens[:g], None, "ngram", offer.cost_s)
+        else:
+            g = controller.choose(d.name, limit)
+            if g > 0:
+                return d.propose(context, g, params)
+    return Proposal([], None, "none", 0.0)
+
+
+@dataclass
+class Generation:
+    """Everything one generation needs besides the models."""
+
+    params: SamplingParams
+    eos_ids: frozenset[int]
+    max_context: int
+    cancel: threading.Event | None = None
+    lock: threading.Lock | None = None  # serialises passes when several calls share a model
+
+
+def speculative_stream(
+    target: Transformer,
+    seq: Sequence,
+    prompt: list[int],
+    drafters: list[Drafter],
+    controller: GammaController,
+    detok: IncrementalDetokenizer,
+    gen: Generation,
+    stats: GenerationStats,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[TokenGroup]:
+    """Generate from `prompt`, yielding one TokenGroup per target pass.
+
+    Greedy: identical tokens to the same loop with no drafters. Sampled: the target's
+    distribution, by rejection sampling. Every group holds 1..gamma+1 tokens, except a
+    final empty group when cancelled between passes.
+    """
+    params = gen.params
+    generator = None
+    if not params.greedy:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
+    if len(prompt) == 0:
+        raise ValueError("empty prompt: give at least one token")
+    if len(prompt) >= gen.max_context:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens but the context holds {gen.max_context}: "
+            "shorten the history or the system prompt, or raise llm.context_tokens"
+        )
+    lock = gen.lock or _NO_LOCK
+    t_start = clock()
+    stats.prompt_tokens = len(prompt)
+
+    def finish_group(tokens: list[int], drafted: int, accepted: int, reason) -> TokenGroup:
+        return TokenGroup(tuple(tokens), "", drafted, accepted, time.monotonic(), reason)
+
+    # Prefill: the prompt's last position predicts the first new token.
+    with lock:
+        t0 = clock()
+        logits, computed = prefill(target, seq, prompt)
+        token, _ = choose(logits, params, generator)
+        stats.prefill_s = clock() - t0
+    stats.prefilled_tokens = computed
+    stats.passes = 1
+    pending = token  # sampled but not yet in the target's cache
+    context = list(prompt)
+    produced: list[int] = []
+
+    def emit(tokens: list[int], drafted: int, accepted: int) -> TokenGroup:
+        """Append accepted tokens, applying eos / stop / length; returns this pass's group."""
+        out: list[int] = []
+        text = []
+        reason = None
+        for tok in tokens:
+            out.append(tok)
+            produced.append(tok)
+            if tok in gen.eos_ids:
+                reason = "eos"
+                break
+            text.append(detok.add(tok))
+            if detok.stopped:
+                reason = "stop"
+                break
+            if len(produced) >= params.max_new_tokens or len(context) + len(produced) >= gen.max_context:
+                reason = "length"
+                break
+        if reason in ("eos", "length"):
+            text.append(detok.finish())
+        stats.new_tokens = len(produced)
+        return TokenGroup(tuple(out), "".join(text), drafted, accepted, time.monotonic(), reason)
+
+    group = emit([pending], 0, 0)
+    stats.ttft_s = clock() - t_start
+    yield group
+    if group.finish_reason:
+        stats.total_s = clock() - t_start
+        return
+
+    while True:
+        if gen.cancel is not None and gen.cancel.is_set():
+            stats.total_s = clock() - t_start
+            yield finish_group([], 0, 0, "cancelled")
+            return
+        base = len(context)  # position of `pending`
+        context.append(pending)
+        remaining = params.max_new_tokens - len(produced)
+        room = gen.max_context - len(context)
+        limit = max(0, min(controller.max_gamma, remaining - 1, room - 1))
+        with lock:
+            t0 = clock()
+            proposal = draft(drafters, controller, context, limit, params) if limit > 0 and drafters else Proposal([])
+            t1 = clock()
+            drafts = proposal.tokens
+            rows = torch.tensor([pending] + drafts, dtype=torch.long, device=target.device)
+            logits = forward(target, seq.cache, rows, base, all_logits=True)
+            if params.greedy:
+                verdict = verify_greedy(logits, drafts)
+            else:
+                verdict = verify_sampled(warp(logits, params), drafts, proposal.probs, generator)
+            t2 = clock()
+        # Roll back: keep pending + accepted drafts; the rest of the cache is stale.
+        kept = drafts[: verdict.accepted]
+        seq.cache.length = base + 1 + len(kept)
+        seq.tokens = context + kept
+        context.extend(kept)
+        stats.passes += 1
+        stats.drafted += len(drafts)
+        stats.accepted += len(kept)
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        stats.gammas.append(len(drafts))
+        controller.observe_verify(len(drafts) + 1, t2 - t1)
+        controller.observe_draft(proposal.source, len(drafts), len(kept), proposal.cost_s)
+        for d in drafters:
+            d.accepted(len(kept))
+        pending = verdict.next_token
+        group = emit(kept + [pending], len(drafts), len(kept))
+        yield group
+        if group.finish_reason:
+            break
+    # The last token is not in the cache yet; a next turn's prefill computes it.
+    stats.total_s = clock() - t_start
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_LOCK = _NoLock()

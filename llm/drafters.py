@@ -1,0 +1,164 @@
+"""Drafters: cheap guesses of the target's next tokens, behind one small interface.
+
+`propose(context, k, params)` returns up to k tokens continuing `context` (every token
+the target has accepted so far: prompt, earlier turns, this answer) and, when the
+drafter sampled them from a distribution, the warped probabilities (k, vocab) it used.
+Without probabilities a proposal is a point mass, which keeps rejection sampling exact.
+`accepted(n)` tells the drafter how many of its last proposal the target kept; a draft
+model does not need it (it re-syncs to the context on the next call) but a stateful
+drafter may.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from llm.model import KVCache, Transformer, forward, new_cache
+from llm.sampling import warp
+from llm.types import SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # (len(tokens), target vocab) or None: point masses
+    source: str = "none"  # which drafter produced it: "model" or "ngram"
+    cost_s: float = 0.0
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal: ...
+
+    def accepted(self, n: int) -> None: ...
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens
+    (longest n first) and propose what followed it. Voice-agent answers quote the system
+    prompt (addresses, hours, prices) and the caller's words, so this finds real drafts
+    at almost no cost. The index is updated incrementally as the context grows."""
+
+    max_n: int = 4
+    min_n: int = 2
+    name: str = "ngram"
+    _tokens: list[int] = field(default_factory=list)
+    # n -> {ngram tuple: end index of its latest occurrence (exclusive)}
+    _index: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+
+    def _sync(self, context: list[int]) -> None:
+        keep = common_prefix(self._tokens, context)
+        if keep < len(self._tokens):  # the context diverged (a rolled-back or new conversation)
+            self._tokens, self._index = [], {}
+            keep = 0
+        for end in range(len(self._tokens) + 1, len(context) + 1):
+            for n in range(self.min_n, self.max_n + 1):
+                if end - n >= 0:
+                    self._index.setdefault(n, {})[tuple(context[end - n : end])] = end
+        self._tokens = list(context)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
+        t0 = time.perf_counter()
+        if k <= 0 or len(context) < self.min_n + 1:
+            return Proposal([], None, self.name, time.perf_counter() - t0)
+        # Index everything but the last position, so a match always has a continuation.
+        self._sync(context[:-1])
+        for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
+            end = self._index.get(n, {}).get(tuple(context[-n:]))
+            if end is not None:
+                return Proposal(context[end : end + k], None, self.name, time.perf_counter() - t0)
+        return Proposal([], None, self.name, time.perf_counter() - t0)
+
+    def accepted(self, n: int) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small draft model with its own KV cache.
+
+    Each proposal first re-syncs the cache to the context: it keeps the longest common
+    prefix with what the cache holds (rolling back rejected drafts by position) and
+    runs only the missing tokens (the bonus token, and any tokens that another drafter
+    proposed), then decodes k tokens one at a time.
+    """
+
+    name = "model"
+
+    def __init__(self, model: Transformer, target_vocab: int, generator: torch.Generator | None = None):
+        self.model = model
+        self.target_vocab = target_vocab
+        self.cache: KVCache = new_cache(model)
+        self.tokens: list[int] = []  # tokens whose K/V are valid in the cache, in order
+        self.generator = generator
+
+    def _logits_after(self, context: list[int]) -> torch.Tensor:
+        keep = common_prefix(self.tokens, context)
+        keep = min(keep, len(context) - 1)  # always run at least one token to get logits
+        todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
+        logits = forward(self.model, self.cache, todo, keep, all_logits=False)[-1]
+        self.tokens = list(context)
+        return logits
+
+    def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
+        t0 = time.perf_counter()
+        if k <= 0:
+            return Proposal([], None, self.name, 0.0)
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        logits = self._logits_after(context)
+        for i in range(k):
+            if params.greedy:
+                token = int(torch.argmax(logits))
+            else:
+                probs = warp(logits, params)
+                token = int(torch.multinomial(probs, 1, generator=self.generator))
+                rows.append(probs)
+            tokens.append(token)
+            if i + 1 < k:
+                pos = len(self.tokens)
+                logits = forward(self.model, self.cache, torch.tensor([token], device=self.model.device), pos)[-1]
+                self.tokens.append(token)
+        probs = None
+        if rows:
+            probs = torch.stack(rows)
+            if probs.shape[1] < self.target_vocab:  # a draft with a smaller head proposes none of the rest
+                probs = torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[1]))
+            probs = probs[:, : self.target_vocab]
+        return Proposal(tokens, probs, self.name, time.perf_counter() - t0)
+
+    def accepted(self, n: int) -> None:
+        pass
+
+
+class HybridDrafter:
+    """N-gram lookup when it finds a match (free), else the draft model."""
+
+    name = "hybrid"
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter):
+        self.ngram = ngram
+        self.model = model
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, k_model: int | None = None) -> Proposal:
+        proposal = self.ngram.propose(context, k, params)
+        if proposal.tokens:
+            return proposal
+        k_model = k if k_model is None else k_model
+        return self.model.propose(context, k_model, params) if k_model > 0 else proposal
+
+    def accepted(self, n: int) -> None:
+        pass

@@ -1,0 +1,227 @@
+"""The speculative engine: a target, optional drafters, and the state shared by conversations.
+
+    engine = SpeculativeEngine.load(target="...", draft="...", drafter="hybrid")
+    conv = engine.new_conversation()
+    for group in engine.stream(engine.chat_prompt(messages), params, conv):
+        print(group.text, end="")
+
+One engine serves many conversations (calls); a fair lock hands the model to one
+target pass at a time, so concurrent calls interleave pass by pass rather than one
+call holding it for a whole answer. The K/V of a shared prefix (the system prompt)
+is computed once and copied into each new conversation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from llm.decoder import Generation, Sequence, new_sequence, speculative_stream
+from llm.detokenize import IncrementalDetokenizer
+from llm.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix
+from llm.gamma import GammaController
+from llm.loading import LoadedModel, check_tokenizers_match, load_model
+from llm.model import forward, new_cache
+from llm.types import GenerationStats, SamplingParams, TokenGroup
+
+log = logging.getLogger(__name__)
+
+DRAFTERS = ("model", "ngram", "hybrid", "none")
+
+
+class FairLock:
+    """A FIFO lock: waiters get the model in arrival order (threading.Lock makes no promise)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: deque[threading.Event] = deque()
+        self._held = False
+
+    def __enter__(self):
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return self
+            ev = threading.Event()
+            self._waiters.append(ev)
+        ev.wait()
+        return self
+
+    def __exit__(self, *exc):
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().set()  # ownership passes directly to the next waiter
+            else:
+                self._held = False
+        return False
+
+
+@dataclass
+class Conversation:
+    """One call's LLM state: target K/V, drafter state, and the learnt gamma estimates."""
+
+    seq: Sequence
+    drafters: list[Drafter]
+    controller: GammaController
+    last_stats: GenerationStats | None = None
+
+
+@dataclass
+class SpeculativeEngine:
+    target: LoadedModel
+    draft: LoadedModel | None = None
+    drafter: str = "hybrid"
+    gamma: int | str = "auto"
+    max_gamma: int = 8
+    context_tokens: int = 4096
+    lock: FairLock = field(default_factory=FairLock)
+    prefixes: list[tuple[list[int], Sequence]] = field(default_factory=list)
+    step_costs: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def load(
+        cls,
+        target: str,
+        draft: str | None = None,
+        drafter: str = "hybrid",
+        gamma: int | str = "auto",
+        max_gamma: int = 8,
+        device: str = "cpu",
+        dtype: str = "auto",
+        context_tokens: int = 4096,
+        calibrate: bool = True,
+    ) -> "SpeculativeEngine":
+        if drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        if isinstance(gamma, int) and gamma < 0:
+            raise ValueError(f"gamma must be >= 0 or 'auto', got {gamma}")
+        target_m = load_model(target, device, dtype)
+        draft_m = None
+        if drafter in ("model", "hybrid"):
+            if not draft:
+                raise ValueError(f"drafter {drafter!r} needs a draft model (--draft); or use --drafter ngram")
+            draft_m = load_model(draft, device, dtype)
+            check_tokenizers_match(target_m, draft_m)
+        engine = cls(target_m, draft_m, drafter, gamma, max_gamma, min(context_tokens, target_m.model.args.max_position))
+        if calibrate and gamma == "auto" and drafter != "none":
+            engine.calibrate()
+        return engine
+
+    # ---- costs -------------------------------------------------------------------------
+    def calibrate(self, context: int = 64) -> dict[str, float]:
+        """Measure a target step, a (max_gamma+1)-row verify and a draft step once, to seed
+        the adaptive gamma before the first real pass has been timed."""
+
+        def timed(model, rows: int) -> float:
+            cache = new_cache(model, context + rows)
+            ids = torch.arange(context + rows, device=model.device) % model.args.vocab_size
+            with torch.inference_mode():
+                forward(model, cache, ids[:context], 0, all_logits=False)
+                best = float("inf")
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    forward(model, cache, ids[context:], context)
+                    best = min(best, time.perf_counter() - t0)
+            return best
+
+        k = self.max_gamma + 1
+        costs = {"target_step": timed(self.target.model, 1), f"target_verify_{k}": timed(self.target.model, k)}
+        if self.draft is not None:
+            costs["draft_step"] = timed(self.draft.model, 1)
+        self.step_costs = costs
+        log.info("calibrated step costs: %s", {k: round(v * 1e3, 1) for k, v in costs.items()})
+        return costs
+
+    def _controller(self) -> GammaController:
+        fixed = None if self.gamma == "auto" else int(self.gamma)
+        c = GammaController(max_gamma=self.max_gamma if fixed is None else max(fixed, 0), fixed=fixed)
+        if self.step_costs:
+            step = self.step_costs["target_step"]
+            k = self.max_gamma + 1
+            c.verify.step_s = step
+            c.verify.per_extra_row_s = max(0.0, (self.step_costs.get(f"target_verify_{k}", step) - step) / max(k - 1, 1))
+            if "draft_step" in self.step_costs:
+                c.stats("model").cost_per_token = self.step_costs["draft_step"]
+        return c
+
+    # ---- conversations -----------------------------------------------------------------
+    def new_conversation(self, seed: int | None = None) -> Conversation:
+        drafters: list[Drafter] = []
+        if self.drafter in ("ngram", "hybrid"):
+            drafters.append(NgramDrafter())
+        if self.drafter in ("model", "hybrid") and self.draft is not None:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(seed + 1 if seed is not None else int(time.time_ns() % 2**63))
+            drafters.append(ModelDrafter(self.draft.model, self.target.model.args.vocab_size, gen))
+        if self.gamma == 0:
+            drafters = []
+        return Conversation(new_sequence(self.target.model), drafters, self._controller())
+
+    def warm_prefix(self, prompt: list[int]) -> None:
+        """Compute and keep the K/V of a prefix (a system prompt) for all later conversations."""
+        seq = new_sequence(self.target.model, len(prompt) + 1)
+        with self.lock, torch.inference_mode():
+            forward(self.target.model, seq.cache, torch.tensor(prompt, device=self.target.model.device), 0, all_logits=False)
+        seq.tokens = list(prompt)
+        self.prefixes.append((list(prompt), seq))
+
+    def _adopt_prefix(self, conv: Conversation, prompt: list[int]) -> None:
+        if conv.seq.tokens or not self.prefixes:
+            return
+        best_len, best = 0, None
+        for tokens, seq in self.prefixes:
+            n = common_prefix(tokens, prompt)
+            if n > best_len:
+                best_len, best = n, seq
+        if best is not None and best_len > 0:
+            conv.seq.cache.copy_prefix_from(best.cache, best_len)
+            conv.seq.tokens = list(prompt[:best_len])
+
+    # ---- prompts -----------------------------------------------------------------------
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        tok = self.target.tokenizer
+        if getattr(tok, "chat_template", None):
+            out = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+            if isinstance(out, dict) or hasattr(out, "input_ids"):
+                out = out["input_ids"]
+            return list(out)
+        # No template: a plain transcript.
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant:" if add_generation_prompt else "")
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.target.tokenizer.encode(text, add_special_tokens=False))
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.chat_prompt(messages))
+
+    # ---- generation --------------------------------------------------------------------
+    def stream(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        conversation: Conversation | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[TokenGroup]:
+        conv = conversation or self.new_conversation(params.seed)
+        self._adopt_prefix(conv, prompt)
+        stats = GenerationStats()
+        conv.last_stats = stats
+        detok = IncrementalDetokenizer(self.target.tokenizer, params.stop)
+        gen = Generation(params, self.target.eos_ids, self.context_tokens, cancel, self.lock)
+        with torch.inference_mode():
+            yield from speculative_stream(
+                self.target.model, conv.seq, prompt, conv.drafters, conv.controller, detok, gen, stats
+            )
+
+    def generate(self, prompt: list[int], params: SamplingParams, conversation: Conversation | None = None) -> tuple[list[int], list[TokenGroup], GenerationStats]:
+        conv = conversation or self.new_conversation(params.seed)
+        groups = list(self.stream(prompt, params, conv))
+        ids = [t for g in groups for t in g.token_ids]
+        return ids, groups, conv.last_stats

@@ -1,0 +1,104 @@
+"""Adaptive gamma: how many draft tokens to verify next, chosen for tokens per second.
+
+With per-token acceptance a, a pass that verifies g drafts yields on average
+E(g) = (1 - a^(g+1)) / (1 - a) tokens (Leviathan et al. 2022) and costs
+g * c_draft + T(g + 1), where T(k) is the measured cost of a k-row target forward.
+We pick the g in [0, max] that maximises E(g) / cost(g). g = 0 is plain decoding, so
+whenever the estimates say speculation does not pay, it is switched off.
+
+Estimates are learnt while generating: acceptance per drafter from counts of accepted
+tokens and rejections (the maximum-likelihood estimate for a geometric run, with a
+prior and a slow decay so it follows the conversation), costs as moving averages of
+measured times, seeded by a calibration at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SourceStats:
+    accepted: float = 2.0  # prior: a = 2/3 until measured
+    rejected: float = 1.0
+    cost_per_token: float = 0.0  # seconds per drafted token
+    idle_passes: int = 0  # passes in a row where this source was not used (for exploration)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+
+def expected_tokens(a: float, g: int) -> float:
+    if a >= 1.0:
+        return float(g + 1)
+    return (1.0 - a ** (g + 1)) / (1.0 - a)
+
+
+@dataclass
+class CostModel:
+    """T(k): seconds for a target forward over k rows (k = 1 is a plain decode step)."""
+
+    step_s: float = 0.1
+    per_extra_row_s: float = 0.005
+    measured: dict[int, float] = field(default_factory=dict)
+    alpha: float = 0.25
+
+    def cost(self, rows: int) -> float:
+        if rows in self.measured:
+            return self.measured[rows]
+        return self.step_s + self.per_extra_row_s * (rows - 1)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        old = self.measured.get(rows)
+        self.measured[rows] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        if rows == 1:
+            self.step_s = self.measured[1]
+
+
+@dataclass
+class GammaController:
+    max_gamma: int = 8
+    fixed: int | None = None  # a fixed gamma turns adaptation off
+    verify: CostModel = field(default_factory=CostModel)
+    sources: dict[str, SourceStats] = field(default_factory=dict)
+    decay: float = 0.97
+    explore_every: int = 16
+
+    def stats(self, source: str) -> SourceStats:
+        return self.sources.setdefault(source, SourceStats())
+
+    def choose(self, source: str, available: int) -> int:
+        """Best number of drafts from `source`, given it can offer `available` of them."""
+        limit = max(0, min(self.max_gamma, available))
+        if self.fixed is not None:
+            return min(self.fixed, limit)
+        if limit == 0:
+            return 0
+        s = self.stats(source)
+        a = min(s.acceptance, 0.999)
+        best_g, best_rate = 0, 1.0 / self.verify.cost(1)
+        for g in range(1, limit + 1):
+            rate = expected_tokens(a, g) / (g * s.cost_per_token + self.verify.cost(g + 1))
+            if rate > best_rate:
+                best_g, best_rate = g, rate
+        if best_g == 0:
+            s.idle_passes += 1
+            if s.idle_passes >= self.explore_every:  # keep the estimate alive: try one draft now and then
+                s.idle_passes = 0
+                return 1
+        else:
+            s.idle_passes = 0
+        return best_g
+
+    def observe_draft(self, source: str, drafted: int, accepted: int, seconds: float) -> None:
+        if drafted <= 0:
+            return
+        s = self.stats(source)
+        s.accepted = s.accepted * self.decay + accepted
+        s.rejected = s.rejected * self.decay + (1 if accepted < drafted else 0)
+        per_token = seconds / drafted
+        s.cost_per_token = per_token if s.cost_per_token == 0 else 0.75 * s.cost_per_token + 0.25 * per_token
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        self.verify.observe(rows, seconds)

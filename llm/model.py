@@ -1,0 +1,263 @@
+"""A decoder-only transformer (Llama / Qwen2 / Mistral family) built for speculation.
+
+Why our own forward instead of the Hugging Face module: speculative decoding needs
+(1) a KV cache that rolls back by moving a position, not by copying, (2) every row of a
+k-token verify to get bitwise the logits a one-token step would give, and (3) a
+per-step forward simple enough to capture in a CUDA graph. Weights come from any
+Hugging Face checkpoint of these architectures.
+
+State is explicit: `forward(model, cache, tokens, start)` writes K/V for positions
+[start, start + len(tokens)) into `cache` and returns logits; rolling back is just
+calling the next forward with a smaller `start` (stale entries are never read: each
+query row attends to keys [0, its position]).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from llm.quant import Linear
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    qkv_bias: bool
+    max_position: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, config) -> "ModelArgs":
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported model architecture {model_type!r}: specvoice's decoder runs "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)} models (Qwen2.5, Llama 3, SmolLM2, Mistral, ...)"
+            )
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) and model_type == "mistral":
+            raise ValueError("sliding-window attention is not supported; pick a model without it")
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if rope_type not in ("default", None):
+            raise ValueError(f"rope scaling {rope_type!r} is not supported yet (only plain RoPE)")
+        theta = getattr(config, "rope_theta", None) or (rope.get("rope_theta") if isinstance(rope, dict) else None) or 10000.0
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        if model_type == "qwen2":
+            qkv_bias = True
+        else:
+            qkv_bias = bool(getattr(config, "attention_bias", False))
+        if getattr(config, "mlp_bias", False):
+            raise ValueError("MLP biases are not supported")
+        return cls(
+            model_type=model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size,
+            rope_theta=float(theta),
+            rms_norm_eps=float(config.rms_norm_eps),
+            qkv_bias=qkv_bias,
+            max_position=int(getattr(config, "max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+
+class Block(torch.nn.Module):
+    def __init__(self, args: ModelArgs, weights: dict[str, torch.Tensor], prefix: str, mode: str, dtype: torch.dtype):
+        super().__init__()
+        w = lambda name: weights[prefix + name]  # noqa: E731
+        b = lambda name: weights.get(prefix + name)  # noqa: E731
+        # q, k, v fused into one GEMM and gate, up into another: fewer, larger kernels.
+        qkv_w = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")])
+        qkv_b = None
+        if args.qkv_bias:
+            qkv_b = torch.cat([b("self_attn.q_proj.bias"), b("self_attn.k_proj.bias"), b("self_attn.v_proj.bias")])
+        self.qkv = Linear(qkv_w, qkv_b, mode, dtype)
+        self.o = Linear(w("self_attn.o_proj.weight"), b("self_attn.o_proj.bias"), mode, dtype)
+        self.gate_up = Linear(torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]), None, mode, dtype)
+        self.down = Linear(w("mlp.down_proj.weight"), None, mode, dtype)
+        act_dtype = torch.float32 if mode == "int8" else dtype
+        self.register_buffer("input_norm", w("input_layernorm.weight").to(act_dtype))
+        self.register_buffer("post_norm", w("post_attention_layernorm.weight").to(act_dtype))
+
+
+class Transformer(torch.nn.Module):
+    """Weights only; the forward pass is the pure function `forward` below."""
+
+    def __init__(self, args: ModelArgs, weights: dict[str, torch.Tensor], mode: str, dtype: torch.dtype):
+        super().__init__()
+        self.args = args
+        self.mode = mode
+        self.act_dtype = torch.float32 if mode == "int8" else dtype
+        self.register_buffer("embed", weights["model.embed_tokens.weight"].to(self.act_dtype))
+        self.blocks = torch.nn.ModuleList(
+            Block(args, weights, f"model.layers.{i}.", mode, dtype) for i in range(args.num_layers)
+        )
+        self.register_buffer("final_norm", weights["model.norm.weight"].to(self.act_dtype))
+        head = weights.get("lm_head.weight")
+        if head is None or args.tie_word_embeddings:
+            head = weights["model.embed_tokens.weight"]
+        self.lm_head = Linear(head, None, mode, dtype)
+        inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.int64).float() / args.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+
+@dataclass
+class KVCache:
+    """Per-layer K/V buffers of shape (kv_heads, capacity, head_dim) for one sequence.
+
+    `length` is how many positions hold valid entries; rollback lowers it, and the
+    next forward overwrites from there. Capacity grows by doubling when needed.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[1]
+
+    def ensure(self, needed: int, limit: int) -> None:
+        if needed <= self.capacity:
+            return
+        if needed > limit:
+            raise ValueError(f"sequence of {needed} tokens exceeds the context limit of {limit}")
+        new_cap = min(max(needed, 2 * self.capacity), limit)
+        for i in range(len(self.keys)):
+            for buf in (self.keys, self.values):
+                old = buf[i]
+                grown = old.new_zeros(old.shape[0], new_cap, old.shape[2])
+                grown[:, : old.shape[1]] = old
+                buf[i] = grown
+
+    def copy_prefix_from(self, other: "KVCache", n: int) -> None:
+        """Share a computed prefix (a system prompt) by copying its first n positions."""
+        self.ensure(n, max(n, self.capacity))
+        for dst, src in ((self.keys, other.keys), (self.values, other.values)):
+            for i in range(len(dst)):
+                dst[i][:, :n] = src[i][:, :n]
+        self.length = n
+
+
+def new_cache(model: Transformer, capacity: int = 256) -> KVCache:
+    a = model.args
+    shape = (a.num_kv_heads, capacity, a.head_dim)
+    make = lambda: [torch.zeros(shape, dtype=model.act_dtype, device=model.device) for _ in range(a.num_layers)]  # noqa: E731
+    return KVCache(keys=make(), values=make())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Matches Hugging Face's LlamaRMSNorm / Qwen2RMSNorm: normalise in float32.
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def rope_tables(model: Transformer, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = positions.to(torch.float32)[:, None] * model.inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    # (T, 1, head_dim): broadcasts over heads.
+    return emb.cos()[:, None, :].to(model.act_dtype), emb.sin()[:, None, :].to(model.act_dtype)
+
+
+def attend_rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """Causal attention computed one query row at a time.
+
+    Row i (position start + i) attends to cached keys [0, start + i] with exactly the
+    tensor shapes a one-token decode at that position uses, so its result is bitwise the
+    same whether it is verified alone or in a batch of k. q: (T, heads, d); keys/values:
+    (kv_heads, capacity, d). Returns (T, heads * d).
+    """
+    t, heads, d = q.shape
+    kv_heads = keys.shape[0]
+    group = heads // kv_heads
+    out = torch.empty(t, kv_heads, group, d, dtype=q.dtype, device=q.device)
+    for i in range(t):
+        n = start + i + 1
+        qi = q[i].view(kv_heads, group, d)
+        scores = torch.matmul(qi, keys[:, :n].transpose(1, 2)) * scale
+        probs = torch.softmax(scores.to(torch.float32), dim=-1).to(q.dtype)
+        out[i] = torch.matmul(probs, values[:, :n])
+    return out.view(t, heads * d)
+
+
+def forward(
+    model: Transformer,
+    cache: KVCache,
+    tokens: torch.Tensor,
+    start: int,
+    all_logits: bool = True,
+) -> torch.Tensor:
+    """Run `tokens` (1-D) at positions [start, start + T); return float32 logits.
+
+    all_logits=False returns only the last row's logits (a prefill needs no more, and
+    the vocabulary head is the most expensive layer of a small model).
+    """
+    a = model.args
+    t = tokens.shape[0]
+    cache.ensure(start + t, a.max_position)
+    positions = torch.arange(start, start + t, device=tokens.device)
+    cos, sin = rope_tables(model, positions)
+    scale = 1.0 / math.sqrt(a.head_dim)
+    q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    x = F.embedding(tokens, model.embed)
+    for layer, blk in enumerate(model.blocks):
+        h = rms_norm(x, blk.input_norm, a.rms_norm_eps)
+        qkv = blk.qkv(h)
+        q = qkv[:, :q_size].view(t, a.num_heads, a.head_dim)
+        k = qkv[:, q_size : q_size + kv_size].view(t, a.num_kv_heads, a.head_dim)
+        v = qkv[:, q_size + kv_size :].view(t, a.num_kv_heads, a.head_dim)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys, values = cache.keys[layer], cache.values[layer]
+        keys[:, start : start + t] = k.transpose(0, 1)
+        values[:, start : start + t] = v.transpose(0, 1)
+        x = x + blk.o(attend_rowwise(q, keys, values, start, scale))
+        h = rms_norm(x, blk.post_norm, a.rms_norm_eps)
+        gate, up = blk.gate_up(h).chunk(2, dim=-1)
+        x = x + blk.down(F.silu(gate) * up)
+    cache.length = start + t
+    if not all_logits:
+        x = x[-1:]
+    x = rms_norm(x, model.final_norm, a.rms_norm_eps)
+    return model.lm_head(x).to(torch.float32)
+
+
+def build_model(hf_config, state_dict: dict[str, torch.Tensor], mode: str, dtype: torch.dtype, device: str | torch.device) -> Transformer:
+    args = ModelArgs.from_hf_config(hf_config)
+    # Hugging Face checkpoints sometimes prefix weights with "model." twice or not at all.
+    weights = {k.removeprefix("base_model."): v for k, v in state_dict.items()}
+    missing = [k for k in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight") if k not in weights]
+    if missing:
+        raise ValueError(f"checkpoint is missing expected weights {missing}; is it a {args.model_type} causal LM?")
+    model = Transformer(args, weights, mode, dtype)
+    return model.to(device).eval()
