@@ -1,0 +1,623 @@
+"""The telephony bridge: a WebSocket server speaking Twilio Media Streams.
+
+One port serves both:
+  * WebSocket `/media-stream`: one phone call per connection (Twilio, or any client
+    speaking the same protocol), authenticated at the handshake;
+  * plain HTTP through `process_request`: `GET|POST /voice` answers Twilio's voice
+    webhook with TwiML that connects the call to the stream; `GET /health`.
+
+The bridge knows nothing of the pipeline. For every call it awaits
+`on_call(call: TelephonyCall)`; the call gives the parsed `start`, an async iterator
+of inbound events, and outbound audio paced in real time (20 ms frames), marks and
+`clear`. A failing call never takes the server down; when the caller goes away the
+call's tasks are cancelled and awaited.
+
+Limitation: the websockets HTTP parser refuses request bodies, so Twilio's voice
+webhook must be configured with HTTP **GET** (parameters then travel in the query
+string, which is also what Twilio signs). A body-less POST works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import http
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
+from urllib.parse import parse_qsl, urlsplit
+from xml.sax.saxutils import quoteattr
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Response
+from websockets.protocol import State
+
+from demo.auth import (
+    AuthConfigError,
+    BridgeTokens,
+    public_base,
+    signed_url_candidates,
+    validate_bearer,
+    validate_twilio_signature,
+)
+from demo.twilio import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    FRAME_BYTES,
+    SAMPLE_RATE,
+    Connected,
+    Dtmf,
+    InboundEvent,
+    Mark,
+    Media,
+    ProtocolError,
+    Start,
+    Stop,
+    UnknownEvent,
+    parse_message,
+    serialize_clear,
+    serialize_mark,
+    serialize_media,
+)
+
+log = logging.getLogger(__name__)
+# websockets logs every request header at DEBUG (Authorization, X-Twilio-Signature among
+# them): give it a logger pinned at INFO so `-vv` never writes credentials to a log.
+ws_log = logging.getLogger(__name__ + ".websockets")
+ws_log.setLevel(logging.INFO)
+
+STREAM_PATH = "/media-stream"
+VOICE_PATH = "/voice"
+HEALTH_PATH = "/health"
+LATE_GAP_S = 0.040  # a gap between two ready frames longer than this is audible
+_HOST_RE = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
+
+
+class BridgeAuthError(AuthConfigError):
+    """The bridge would accept anyone: refuse to start."""
+
+
+OnCall = Callable[["TelephonyCall"], Awaitable[None]]
+
+
+@dataclass
+class CallStats:
+    media_received: int = 0
+    inbound_dropped: int = 0  # inbound events dropped because the pipeline did not keep up
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    late_frames: int = 0  # frames that were ready but went out > 40 ms after the previous one
+    max_gap_s: float = 0.0
+    marks_sent: int = 0
+    marks_echoed: int = 0
+    clears_sent: int = 0
+
+
+@dataclass
+class _QueuedMark:
+    name: str
+    future: asyncio.Future
+
+
+_END = object()  # ends the inbound iterator
+
+
+class TelephonyCall:
+    """One call as the pipeline sees it.
+
+    Inbound: `async for event in call` yields Media (decoded mu-law), Dtmf, Mark and Stop
+    events after `start`, and ends when the caller stops or goes away.
+    Outbound: `send_audio`, `send_mark`, `clear`, `wait_mark`, `drain`.
+    """
+
+    def __init__(
+        self,
+        start: Start,
+        send: Callable[[str], Awaitable[None]],
+        *,
+        send_ahead_s: float = 0.04,
+        inbound_max: int = 3000,
+    ):
+        self.start = start
+        self.stream_sid = start.stream_sid
+        self.stats = CallStats()
+        self.played_marks: list[str] = []
+        self._send = send
+        # Frames go out this far ahead of real time: Twilio's buffer absorbs our event-loop
+        # jitter (the CPU is busy with the models), yet `clear` still leaves little queued.
+        self._ahead = max(0.0, send_ahead_s)
+        self._inbound: asyncio.Queue = asyncio.Queue(maxsize=max(1, inbound_max))
+        self._outbound: collections.deque = collections.deque()  # (bytes, queued_at) | _QueuedMark
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._generation = 0  # bumped by clear(): a frame picked before it must not go out
+        self._play_end = 0.0  # loop time at which everything sent so far has played
+        self._last_send = 0.0
+        self._mark_waiters: dict[str, collections.deque[asyncio.Future]] = {}
+        self._closed = False
+        self._sender: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ inbound
+
+    def __aiter__(self) -> AsyncIterator[InboundEvent]:
+        return self.events()
+
+    async def events(self) -> AsyncIterator[InboundEvent]:
+        while True:
+            item = await self._inbound.get()
+            if item is _END:
+                self._inbound.put_nowait(_END)  # a second iterator ends too
+                return
+            yield item
+
+    def _deliver(self, event: InboundEvent) -> None:
+        if isinstance(event, Media):
+            self.stats.media_received += 1
+        elif isinstance(event, Mark):
+            self._mark_echoed(event.name)
+        try:
+            self._inbound.put_nowait(event)
+        except asyncio.QueueFull:
+            # The pipeline stalled: drop the oldest rather than grow without bound.
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self._inbound.get_nowait()
+            self.stats.inbound_dropped += 1
+            self._inbound.put_nowait(event)
+
+    def _end_inbound(self) -> None:
+        while True:
+            try:
+                self._inbound.put_nowait(_END)
+                return
+            except asyncio.QueueFull:
+                self._inbound.get_nowait()
+                self.stats.inbound_dropped += 1
+
+    # ------------------------------------------------------------ outbound
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def queued_audio_s(self) -> float:
+        """Audio queued here, not yet sent."""
+        n = sum(len(item[0]) for item in self._outbound if isinstance(item, tuple))
+        return n / SAMPLE_RATE
+
+    async def send_audio(self, mulaw: bytes) -> None:
+        """Queue 8 kHz mu-law audio; it goes out as 20 ms media messages in real time.
+        After the call ended this does nothing (the pipeline is being cancelled)."""
+        if self._closed or not mulaw:
+            return
+        self._outbound.append((bytes(mulaw), asyncio.get_running_loop().time()))
+        self._drained.clear()
+        self._wake.set()
+
+    async def send_mark(self, name: str) -> None:
+        """Queue a mark after the audio queued so far; Twilio echoes it once that audio has
+        played (or was cleared). `wait_mark(name)` waits for the echo."""
+        future = asyncio.get_running_loop().create_future()
+        if self._closed:
+            future.set_result(False)
+        else:
+            self._outbound.append(_QueuedMark(name, future))
+            self._drained.clear()
+            self._wake.set()
+        self._mark_waiters.setdefault(name, collections.deque()).append(future)
+
+    async def wait_mark(self, name: str, timeout: float | None = None) -> bool:
+        """True once the mark came back from the caller; False if it was cleared before
+        being sent or the call ended. A mark already echoed returns True at once."""
+        waiters = self._mark_waiters.get(name)
+        pending = [f for f in waiters or () if not f.done()]
+        if not pending:
+            if waiters:
+                return bool(waiters[-1].result())
+            return name in self.played_marks
+        try:
+            return bool(await asyncio.wait_for(asyncio.shield(pending[0]), timeout))
+        except TimeoutError:
+            return False
+
+    async def clear(self) -> None:
+        """Barge-in: drop audio and marks not sent yet, and tell Twilio to drop its buffer."""
+        self._generation += 1
+        for item in self._outbound:
+            if isinstance(item, _QueuedMark) and not item.future.done():
+                item.future.set_result(False)
+        self._outbound.clear()
+        self._play_end = 0.0
+        self._last_send = 0.0
+        self._drained.set()
+        if self._closed:
+            return
+        with contextlib.suppress(ConnectionClosed):
+            await self._send(serialize_clear(self.stream_sid))
+            self.stats.clears_sent += 1
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued has been sent (not played: see marks)."""
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def _mark_echoed(self, name: str) -> None:
+        self.played_marks.append(name)
+        self.stats.marks_echoed += 1
+        for future in self._mark_waiters.get(name, ()):
+            if not future.done():
+                future.set_result(True)
+                break
+
+    # ------------------------------------------------------------ sender task
+
+    def _start_sender(self) -> None:
+        self._sender = asyncio.create_task(self._send_loop(), name=f"sender-{self.stream_sid}")
+
+    async def _close(self) -> None:
+        self._closed = True
+        self._end_inbound()
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+        for waiters in self._mark_waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(False)
+        self._drained.set()
+
+    def _take_frame(self) -> bytes:
+        """Up to 160 bytes from the head of the queue, across queued chunks."""
+        frame = bytearray()
+        while self._outbound and len(frame) < FRAME_BYTES:
+            head = self._outbound[0]
+            if isinstance(head, _QueuedMark):
+                break
+            data, queued_at = head
+            need = FRAME_BYTES - len(frame)
+            frame += data[:need]
+            if len(data) > need:
+                self._outbound[0] = (data[need:], queued_at)
+            else:
+                self._outbound.popleft()
+        return bytes(frame)
+
+    async def _send_loop(self) -> None:
+        try:
+            await self._pace()
+        except ConnectionClosed:
+            # The caller went away: nothing more can be sent; the bridge closes the call.
+            self._closed = True
+            self._outbound.clear()
+            self._drained.set()
+
+    async def _pace(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._outbound:
+                self._drained.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            head = self._outbound[0]
+            if isinstance(head, _QueuedMark):
+                self._outbound.popleft()
+                await self._send(serialize_mark(self.stream_sid, head.name))
+                self.stats.marks_sent += 1
+                continue
+            # Pace against an absolute clock (play_end advances by each frame's duration),
+            # so sleep overshoot never accumulates into drift.
+            now = loop.time()
+            if self._play_end < now:
+                self._play_end = now  # first audio, or Twilio ran dry: restart the clock
+            deadline = self._play_end - self._ahead
+            if deadline > now:
+                generation = self._generation
+                await asyncio.sleep(deadline - now)
+                if generation != self._generation:
+                    continue  # cleared meanwhile
+                if not self._outbound or isinstance(self._outbound[0], _QueuedMark):
+                    continue
+            queued_at = self._outbound[0][1]
+            frame = self._take_frame()
+            await self._send(serialize_media(self.stream_sid, frame))
+            sent = loop.time()
+            if self._last_send:
+                gap = sent - self._last_send
+                # Only count gaps we caused: the frame was waiting while the gap grew.
+                if gap > LATE_GAP_S and queued_at < self._last_send + LATE_GAP_S:
+                    self.stats.late_frames += 1
+                    self.stats.max_gap_s = max(self.stats.max_gap_s, gap)
+            self._last_send = sent
+            self._play_end += len(frame) / SAMPLE_RATE
+            self.stats.frames_sent += 1
+            self.stats.bytes_sent += len(frame)
+
+
+# ---------------------------------------------------------------- the server
+
+def _response(status: int, body: str, content_type: str = "text/plain; charset=utf-8", extra: dict | None = None) -> Response:
+    data = body.encode("utf-8")
+    headers = Headers()
+    headers["Content-Type"] = content_type
+    headers["Content-Length"] = str(len(data))
+    headers["Connection"] = "close"
+    headers["Cache-Control"] = "no-store"
+    for key, value in (extra or {}).items():
+        headers[key] = value
+    return Response(status, http.HTTPStatus(status).phrase, headers, data)
+
+
+def check_auth_configured(config, tokens: BridgeTokens, insecure: bool = False) -> None:
+    """Raise BridgeAuthError when the bridge would accept unauthenticated calls by accident."""
+    if tokens.configured or insecure or not config.require_auth:
+        return
+    raise BridgeAuthError(
+        "the bridge requires authentication but no token is configured: set TWILIO_AUTH_TOKEN "
+        "(Twilio signature) and/or SPECVOICE_BRIDGE_TOKEN (bearer), or bridge.twilio_auth_token_file / "
+        "bridge.auth_token_file in the config; for local development only, pass --insecure "
+        "(or set bridge.require_auth = false)"
+    )
+
+
+class Bridge:
+    """`Bridge(config.bridge, on_call, tokens)`; `port = await bridge.start()`; `await bridge.stop()`."""
+
+    def __init__(
+        self,
+        config,
+        on_call: OnCall,
+        tokens: BridgeTokens | None = None,
+        *,
+        insecure: bool = False,
+        max_media_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        end_grace_s: float = 5.0,
+        send_ahead_s: float = 0.04,
+    ):
+        self.config = config
+        self.tokens = tokens or BridgeTokens()
+        check_auth_configured(config, self.tokens, insecure)
+        self.open = not self.tokens.configured  # insecure dev mode: nothing to check
+        self._on_call = on_call
+        self.max_media_bytes = getattr(config, "max_media_bytes", max_media_bytes)
+        self.end_grace_s = getattr(config, "end_grace_s", end_grace_s)
+        self.send_ahead_s = getattr(config, "send_ahead_s", send_ahead_s)
+        self._server: Server | None = None
+        self._slots: set[ServerConnection] = set()  # stream connections admitted at the handshake
+        self.calls: set[TelephonyCall] = set()
+        self.calls_total = 0
+        self.port: int | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> int:
+        self._server = await serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            process_request=self._process_request,
+            max_size=self.config.max_message_bytes,
+            open_timeout=self.config.handshake_timeout_s,
+            server_header="specvoice",
+            logger=ws_log,
+        )
+        sock = next(iter(self._server.sockets))
+        self.port = sock.getsockname()[1]
+        log.info("bridge listening on %s:%d (stream %s)", self.config.host, self.port, STREAM_PATH)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        await self._server.wait_closed()
+        self._server = None
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        try:
+            await self._server.serve_forever()
+        finally:
+            await self.stop()
+
+    @property
+    def active_calls(self) -> int:
+        return len(self._admitted())
+
+    def _admitted(self) -> set[ServerConnection]:
+        # A connection admitted at the handshake whose handshake then failed never reaches
+        # the handler; drop it here once closed so it does not hold a slot forever.
+        self._slots = {c for c in self._slots if c.state is not State.CLOSED}
+        return self._slots
+
+    # ------------------------------------------------------------ HTTP side
+
+    def _authorized(self, request, path_with_query: str, params: dict | None = None) -> int:
+        """0 when allowed, else the HTTP status to refuse with (401 no credentials, 403 wrong)."""
+        if self.open:
+            return 0
+        headers = request.headers
+        signature = headers.get("X-Twilio-Signature")
+        authorization = headers.get("Authorization")
+        if signature and self.tokens.twilio_auth_token is not None:
+            urls = signed_url_candidates(path_with_query, headers.get("Host"), self.config.public_url)
+            if validate_twilio_signature(self.tokens.twilio_auth_token, urls, signature, params):
+                return 0
+        if authorization and self.tokens.bearer_token is not None:
+            if validate_bearer(authorization, self.tokens.bearer_token):
+                return 0
+        return 403 if (signature or authorization) else 401
+
+    def _process_request(self, connection: ServerConnection, request) -> Response | None:
+        parts = urlsplit(request.path)
+        path = parts.path.rstrip("/") or "/"
+        method = getattr(request, "method", "GET")
+        peer = _peer(connection)
+        if path == HEALTH_PATH and method in ("GET", "HEAD"):
+            body = json.dumps({"ok": True, "calls_active": self.active_calls, "max_calls": self.config.max_calls,
+                               "calls_total": self.calls_total})
+            return _response(200, body, "application/json")
+        if path == VOICE_PATH and method in ("GET", "POST"):
+            status = self._authorized(request, request.path)
+            if status:
+                log.warning("voice webhook refused (%d) from %s", status, peer)
+                return _response(status, "unauthorized\n" if status == 401 else "forbidden\n")
+            host = request.headers.get("Host", "")
+            if not self.config.public_url and not _HOST_RE.match(host):
+                return _response(400, "bad Host header\n")
+            return _response(200, self.twiml(host, dict(parse_qsl(parts.query))), "text/xml; charset=utf-8")
+        if path == STREAM_PATH and method == "GET":
+            status = self._authorized(request, request.path)
+            if status:
+                log.warning("stream handshake refused (%d) from %s", status, peer)
+                extra = {"WWW-Authenticate": 'Bearer realm="specvoice"'} if status == 401 else None
+                return _response(status, "unauthorized\n" if status == 401 else "forbidden\n", extra=extra)
+            if len(self._admitted()) >= self.config.max_calls:
+                log.warning("stream handshake refused (503: %d calls active) from %s", self.config.max_calls, peer)
+                return _response(503, "too many calls\n", extra={"Retry-After": "5"})
+            self._slots.add(connection)
+            return None  # go on with the WebSocket handshake
+        return _response(404, "not found\n")
+
+    def stream_url(self, host: str) -> str:
+        if self.config.public_url:
+            base = public_base(self.config.public_url)
+            base = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+            return base + STREAM_PATH
+        return f"wss://{host}{STREAM_PATH}"
+
+    def twiml(self, host: str, params: dict[str, str] | None = None) -> str:
+        """<Connect><Stream> TwiML; the caller's number and call id travel as custom parameters."""
+        parameters = ""
+        for key in ("CallSid", "From", "To"):
+            value = (params or {}).get(key)
+            if value:
+                parameters += f"<Parameter name={quoteattr(key)} value={quoteattr(value[:256])}/>"
+        stream = f"<Stream url={quoteattr(self.stream_url(host))}>{parameters}</Stream>" if parameters else \
+            f"<Stream url={quoteattr(self.stream_url(host))}/>"
+        return f'<?xml version="1.0" encoding="UTF-8"?><Response><Connect>{stream}</Connect></Response>'
+
+    # ------------------------------------------------------------ WebSocket side
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        peer = _peer(ws)
+        try:
+            await self._run_connection(ws, peer)
+        finally:
+            self._slots.discard(ws)
+
+    async def _run_connection(self, ws: ServerConnection, peer: str) -> None:
+        call: TelephonyCall | None = None
+        task: asyncio.Task | None = None
+        ignored_before_start = 0
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self.config.idle_timeout_s):
+                        raw = await ws.recv()
+                except TimeoutError:
+                    log.warning("call %s: no message for %.1f s, closing", _sid(call, peer), self.config.idle_timeout_s)
+                    await ws.close(1000, "idle timeout")
+                    return
+                except ConnectionClosed:
+                    return
+                if isinstance(raw, bytes):
+                    log.warning("call %s: binary frame, closing (Twilio sends JSON text)", _sid(call, peer))
+                    await ws.close(1003, "text frames only")
+                    return
+                try:
+                    event = parse_message(raw, self.max_media_bytes)
+                except UnknownEvent as exc:
+                    log.info("call %s: ignoring %s", _sid(call, peer), exc)
+                    continue
+                except ProtocolError as exc:
+                    code = 1007 if exc.kind in ("json", "base64") else 1008
+                    log.warning("call %s: protocol error (%s): %s; closing %d", _sid(call, peer), exc.kind, exc, code)
+                    await ws.close(code, str(exc)[:120])
+                    return
+                if isinstance(event, Connected):
+                    continue
+                if call is None:
+                    if isinstance(event, Start):
+                        call = TelephonyCall(event, ws.send, send_ahead_s=self.send_ahead_s)
+                        call._start_sender()
+                        self.calls.add(call)
+                        self.calls_total += 1
+                        log.info("call %s started (callSid %s) from %s", event.stream_sid, event.call_sid, peer)
+                        task = asyncio.create_task(self._run_call(call, ws), name=f"call-{event.stream_sid}")
+                    elif isinstance(event, Stop):
+                        log.info("connection %s: stop before start", peer)
+                        await ws.close(1000, "stopped")
+                        return
+                    else:
+                        if ignored_before_start == 0:
+                            log.warning("connection %s: %s before start, ignored", peer, type(event).__name__.lower())
+                        ignored_before_start += 1
+                    continue
+                if isinstance(event, Start):
+                    log.warning("call %s: second start message, closing", call.stream_sid)
+                    await ws.close(1008, "second start")
+                    return
+                call._deliver(event)
+                if isinstance(event, Stop):
+                    log.info("call %s: caller stopped the stream", call.stream_sid)
+                    return
+        finally:
+            await self._finish(call, task, ws)
+
+    async def _run_call(self, call: TelephonyCall, ws: ServerConnection) -> None:
+        try:
+            await self._on_call(call)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("call %s: handler failed", call.stream_sid)
+            await ws.close(1011, "internal error")
+            return
+        # The agent ended the call: let queued audio go out, then hang up.
+        await call.drain(timeout=30.0)
+        await ws.close(1000, "call ended")
+
+    async def _finish(self, call: TelephonyCall | None, task: asyncio.Task | None, ws: ServerConnection) -> None:
+        """Cancel and await everything of the call; the handler gets `end_grace_s` to wrap up
+        (write its report) after the inbound stream ended."""
+        if call is None:
+            return
+        try:
+            call._end_inbound()
+            if task is not None and not task.done():
+                await asyncio.wait({task}, timeout=self.end_grace_s)
+        finally:
+            if task is not None and not task.done():
+                task.cancel()
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+            await call._close()
+            self.calls.discard(call)
+            with contextlib.suppress(Exception):
+                await ws.close(1000, "call ended")
+            s = call.stats
+            log.info(
+                "call %s ended: %d media in, %d frames out, %d late, %d marks echoed",
+                call.stream_sid, s.media_received, s.frames_sent, s.late_frames, s.marks_echoed,
+            )
+
+
+def _peer(connection: ServerConnection) -> str:
+    with contextlib.suppress(Exception):
+        host, port = connection.remote_address[:2]
+        return f"{host}:{port}"
+    return "?"
+
+
+def _sid(call: TelephonyCall | None, peer: str) -> str:
+    return call.stream_sid if call is not None else peer

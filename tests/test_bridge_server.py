@@ -1,0 +1,376 @@
+"""The telephony bridge over real WebSocket connections on 127.0.0.1 (ephemeral ports)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import statistics
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from demo.auth import BridgeTokens, twilio_signature
+from demo.bridge import Bridge, BridgeAuthError, TelephonyCall
+from demo.twilio import (
+    Clear,
+    Dtmf,
+    Mark,
+    Media,
+    OutboundMark,
+    OutboundMedia,
+    Start,
+    Stop,
+    encode_event,
+    parse_outbound,
+)
+from pipeline.config import BridgeConfig
+
+pytestmark = pytest.mark.timeout(30)
+
+TWILIO_TOKEN = "twilio-test-token"
+BEARER = "bearer-test-token"
+SID = "MZ0001"
+
+
+def frame(i: int) -> bytes:
+    return bytes([i % 256]) * 160
+
+
+class Echo:
+    """Test-only on_call: echoes audio; DTMF digits drive marks and clear."""
+
+    def __init__(self):
+        self.calls: list[TelephonyCall] = []
+        self.events: list = []
+        self.done = asyncio.Event()
+
+    async def __call__(self, call: TelephonyCall) -> None:
+        self.calls.append(call)
+        try:
+            async for event in call:
+                self.events.append(event)
+                if isinstance(event, Media):
+                    await call.send_audio(event.payload)
+                elif isinstance(event, Dtmf) and event.digit in "AB":
+                    await call.send_mark(event.digit)
+                elif isinstance(event, Dtmf) and event.digit == "9":
+                    await call.send_audio(b"\x7f" * 8000 * 2)  # two seconds
+                    await asyncio.sleep(0.1)
+                    await call.clear()
+                elif isinstance(event, Dtmf) and event.digit == "0":
+                    raise RuntimeError("handler bug")
+        finally:
+            self.done.set()
+
+
+@contextlib.asynccontextmanager
+async def running_bridge(on_call=None, tokens=BridgeTokens.of(TWILIO_TOKEN, BEARER), **overrides):
+    settings = dict(host="127.0.0.1", port=0, max_calls=2, idle_timeout_s=5.0, max_message_bytes=64 * 1024,
+                    handshake_timeout_s=2.0)
+    bridge_kw = {k: overrides.pop(k) for k in ("insecure", "send_ahead_s", "end_grace_s") if k in overrides}
+    settings.update(overrides)
+    bridge = Bridge(BridgeConfig(**settings), on_call or Echo(), tokens, **bridge_kw)
+    port = await bridge.start()
+    try:
+        yield bridge, port
+    finally:
+        await asyncio.wait_for(bridge.stop(), 10)
+
+
+def stream_url(port: int) -> str:
+    return f"ws://127.0.0.1:{port}/media-stream"
+
+
+def bearer() -> dict:
+    return {"Authorization": f"Bearer {BEARER}"}
+
+
+def start_msg(sid: str = SID) -> str:
+    return encode_event(Start(sid, "CA0001", "AC0001", {"From": "+15550100"}))
+
+
+async def recv_outbound(ws, timeout: float = 3.0):
+    return parse_outbound(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def wait_closed(ws, timeout: float = 3.0) -> int | None:
+    with contextlib.suppress(ConnectionClosed):
+        while True:
+            await asyncio.wait_for(ws.recv(), timeout)
+    return ws.close_code
+
+
+async def simple_echo_works(port: int, sid: str = "MZok") -> None:
+    async with connect(stream_url(port), additional_headers=bearer()) as ws:
+        await ws.send(start_msg(sid))
+        await ws.send(encode_event(Media(sid, frame(7))))
+        msg = await recv_outbound(ws)
+        assert msg == OutboundMedia(sid, frame(7))
+
+
+async def test_echo_pacing_marks_and_clear():
+    echo = Echo()
+    async with running_bridge(echo, send_ahead_s=0.0) as (bridge, port):
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send('{"event": "connected", "protocol": "Call", "version": "1.0.0"}')
+            await ws.send(start_msg())
+            for i in range(5):
+                await ws.send(encode_event(Media(SID, frame(i), chunk=i + 1, timestamp=20 * i)))
+            await ws.send(encode_event(Dtmf(SID, "A")))
+            for i in range(5, 10):
+                await ws.send(encode_event(Media(SID, frame(i), chunk=i + 1, timestamp=20 * i)))
+            await ws.send(encode_event(Dtmf(SID, "B")))
+
+            loop = asyncio.get_running_loop()
+            received, arrivals = [], []
+            while len(received) < 12:
+                msg = await recv_outbound(ws)
+                received.append(msg)
+                if isinstance(msg, OutboundMedia):
+                    arrivals.append(loop.time())
+                else:
+                    await ws.send(encode_event(Mark(SID, msg.name)))  # played: echo it
+            # Audio comes back in order, with each mark right after the audio queued before it.
+            expected = [OutboundMedia(SID, frame(i)) for i in range(5)] + [OutboundMark(SID, "A")]
+            expected += [OutboundMedia(SID, frame(i)) for i in range(5, 10)] + [OutboundMark(SID, "B")]
+            assert received == expected
+            # Paced in real time: 20 ms apart, not as fast as they came in.
+            gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+            assert 0.015 <= statistics.median(gaps) <= 0.030, gaps
+            assert 0.15 <= arrivals[-1] - arrivals[0] <= 0.40, arrivals[-1] - arrivals[0]
+
+            call = echo.calls[0]
+            assert await call.wait_mark("A", timeout=2) and await call.wait_mark("B", timeout=2)
+            assert call.played_marks == ["A", "B"]
+            assert call.start.custom_parameters == {"From": "+15550100"}
+            assert call.stats.frames_sent == 10 and call.stats.marks_sent == 2
+
+            # Barge-in: two seconds queued, then clear after 0.1 s -> a `clear` arrives and
+            # far fewer than 100 frames were sent.
+            await ws.send(encode_event(Dtmf(SID, "9")))
+            media_after = 0
+            while True:
+                msg = await recv_outbound(ws)
+                if isinstance(msg, Clear):
+                    break
+                media_after += 1
+            assert 2 <= media_after <= 20, media_after
+            await asyncio.sleep(0.1)
+            assert call.stats.clears_sent == 1 and call.queued_audio_s == 0
+            await ws.send(encode_event(Stop(SID, "CA0001", "AC0001")))
+            assert await wait_closed(ws) == 1000
+        await asyncio.wait_for(echo.done.wait(), 3)
+        assert isinstance(echo.events[-1], Stop)
+        assert bridge.active_calls == 0
+
+
+async def test_send_ahead_sends_a_few_frames_at_once():
+    echo = Echo()
+    async with running_bridge(echo, send_ahead_s=0.04) as (bridge, port):
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            await ws.send(encode_event(Media(SID, frame(1) * 8)))  # 160 ms in one message
+            arrivals = []
+            for _ in range(8):
+                msg = await recv_outbound(ws)
+                assert isinstance(msg, OutboundMedia) and len(msg.payload) == 160
+                arrivals.append(asyncio.get_running_loop().time())
+            assert arrivals[2] - arrivals[0] < 0.015  # three frames up front (40 ms ahead)
+            assert 0.08 <= arrivals[-1] - arrivals[0] <= 0.25
+
+
+async def test_twilio_signature_accepted_wrong_or_missing_refused(caplog):
+    caplog.set_level(logging.DEBUG)
+    echo = Echo()
+    async with running_bridge(echo) as (bridge, port):
+        url = f"wss://127.0.0.1:{port}/media-stream?tenant=a"
+        good = twilio_signature(TWILIO_TOKEN, url)
+        async with connect(stream_url(port) + "?tenant=a", additional_headers={"X-Twilio-Signature": good}) as ws:
+            await ws.send(start_msg())
+            await ws.send(encode_event(Media(SID, frame(3))))
+            assert await recv_outbound(ws) == OutboundMedia(SID, frame(3))
+        refusals = [
+            ({"X-Twilio-Signature": twilio_signature("wrong-token", url)}, "?tenant=a", 403),
+            ({"X-Twilio-Signature": good}, "?tenant=b", 403),  # the query string is signed too
+            ({"Authorization": "Bearer nope"}, "", 403),
+            ({}, "", 401),
+        ]
+        for headers, query, status in refusals:
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(stream_url(port) + query, additional_headers=headers):
+                    pass
+            assert info.value.response.status_code == status
+        await asyncio.sleep(0.05)
+        assert len(echo.calls) == 1  # refused connections never reached on_call
+        assert bridge.calls_total == 1
+    assert "refused (403)" in caplog.text and "refused (401)" in caplog.text
+    # Credentials never reach the server's log, even at DEBUG (the test's own client logs
+    # its request headers; that is not the server).
+    server_log = "\n".join(r.getMessage()
+                           for r in caplog.records if not r.name.startswith("websockets.client"))
+    for secret in (TWILIO_TOKEN, BEARER, good, "nope"):
+        assert secret not in server_log
+
+
+async def test_public_url_is_what_twilio_signs():
+    async with running_bridge(public_url="wss://voice.example.com/media-stream") as (_, port):
+        sig = twilio_signature(TWILIO_TOKEN, "wss://voice.example.com/media-stream")
+        async with connect(stream_url(port), additional_headers={"X-Twilio-Signature": sig}):
+            pass
+        local = twilio_signature(TWILIO_TOKEN, f"wss://127.0.0.1:{port}/media-stream")
+        with pytest.raises(InvalidStatus):
+            async with connect(stream_url(port), additional_headers={"X-Twilio-Signature": local}):
+                pass
+
+
+async def test_refuses_to_start_without_tokens_unless_insecure():
+    with pytest.raises(BridgeAuthError, match="--insecure"):
+        Bridge(BridgeConfig(port=0), Echo(), BridgeTokens())
+    async with running_bridge(tokens=BridgeTokens(), insecure=True) as (_, port):
+        await simple_echo_works(port)
+    async with running_bridge(tokens=BridgeTokens(), require_auth=False) as (_, port):
+        async with connect(stream_url(port)) as ws:  # no credentials needed in dev mode
+            await ws.send(start_msg())
+
+
+async def test_max_calls_refused_with_503_at_handshake():
+    echo = Echo()
+    async with running_bridge(echo, max_calls=1) as (bridge, port):
+        async with connect(stream_url(port), additional_headers=bearer()) as first:
+            await first.send(start_msg("MZfirst"))
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(stream_url(port), additional_headers=bearer()):
+                    pass
+            assert info.value.response.status_code == 503
+            async with httpx.AsyncClient() as client:
+                health = (await client.get(f"http://127.0.0.1:{port}/health")).json()
+            assert health == {"ok": True, "calls_active": 1, "max_calls": 1, "calls_total": 1}
+        for _ in range(50):  # the slot frees once the first call's handler finished
+            if bridge.active_calls == 0:
+                break
+            await asyncio.sleep(0.02)
+        await simple_echo_works(port)
+
+
+async def test_idle_timeout_closes_the_call():
+    echo = Echo()
+    async with running_bridge(echo, idle_timeout_s=0.3) as (_, port):
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            t0 = asyncio.get_running_loop().time()
+            assert await wait_closed(ws) == 1000
+            assert ws.close_reason == "idle timeout"
+            assert asyncio.get_running_loop().time() - t0 < 2.0
+        await asyncio.wait_for(echo.done.wait(), 3)  # the handler's iterator ended
+
+
+async def test_twiml_and_health_endpoints():
+    async with running_bridge() as (_, port):
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient() as client:
+            r = await client.get(base + "/health")
+            assert r.status_code == 200 and r.json()["ok"] is True and r.json()["max_calls"] == 2
+            # Twilio's voice webhook (GET), signed over the public URL with its query string.
+            query = "?CallSid=CA1&From=%2B15550100&To=%2B15550199"
+            signed = f"https://127.0.0.1:{port}/voice{query}"
+            r = await client.get(base + "/voice" + query,
+                                 headers={"X-Twilio-Signature": twilio_signature(TWILIO_TOKEN, signed)})
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/xml")
+            assert r.text.startswith('<?xml version="1.0" encoding="UTF-8"?><Response><Connect>')
+            assert f'<Stream url="wss://127.0.0.1:{port}/media-stream">' in r.text
+            assert '<Parameter name="From" value="+15550100"/>' in r.text
+            r = await client.post(base + "/voice", headers=bearer())  # body-less POST
+            assert r.status_code == 200
+            assert r.text.endswith(f'<Stream url="wss://127.0.0.1:{port}/media-stream"/></Connect></Response>')
+            assert (await client.get(base + "/voice")).status_code == 401
+            bad = twilio_signature("wrong", signed)
+            assert (await client.get(base + "/voice" + query, headers={"X-Twilio-Signature": bad})).status_code == 403
+            assert (await client.get(base + "/nope")).status_code == 404
+
+
+async def test_bad_input_does_not_take_the_server_down():
+    echo = Echo()
+    async with running_bridge(echo, max_message_bytes=4096) as (bridge, port):
+        # Malformed JSON -> 1007.
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send("{this is not json")
+            assert await wait_closed(ws) == 1007
+        # Media before start is ignored; the call then works.
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(encode_event(Media(SID, frame(1))))
+            await ws.send('{"event": "telepathy"}')  # unknown events are ignored too
+            await ws.send(start_msg())
+            await ws.send(encode_event(Media(SID, frame(2))))
+            assert await recv_outbound(ws) == OutboundMedia(SID, frame(2))
+            # A second start -> 1008.
+            await ws.send(start_msg())
+            assert await wait_closed(ws) == 1008
+        # Oversized message -> closed by the size limit (1009).
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            await ws.send(json.dumps({"event": "media", "streamSid": SID, "media": {"payload": "A" * 8000}}))
+            assert await wait_closed(ws) == 1009
+        # Bad base64 -> 1007; wrong media format -> 1008.
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            await ws.send(json.dumps({"event": "media", "streamSid": SID, "media": {"payload": "***"}}))
+            assert await wait_closed(ws) == 1007
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            bad = json.loads(start_msg())
+            bad["start"]["mediaFormat"]["sampleRate"] = 16000
+            await ws.send(json.dumps(bad))
+            assert await wait_closed(ws) == 1008
+        # A handler that raises -> 1011 for that call only.
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            await ws.send(encode_event(Dtmf(SID, "0")))
+            assert await wait_closed(ws) == 1011
+        await simple_echo_works(port)
+        for _ in range(50):
+            if bridge.active_calls == 0 and not bridge.calls:
+                break
+            await asyncio.sleep(0.02)
+        assert bridge.active_calls == 0 and not bridge.calls
+
+
+async def test_disconnect_cancels_a_stuck_handler():
+    cancelled = asyncio.Event()
+
+    async def stuck(call: TelephonyCall) -> None:
+        try:
+            await asyncio.sleep(3600)  # ignores the inbound stream entirely
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with running_bridge(stuck, end_grace_s=0.1) as (bridge, port):
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(cancelled.wait(), 3)
+        for _ in range(50):
+            if not bridge.calls:
+                break
+            await asyncio.sleep(0.02)
+        assert not bridge.calls
+
+
+async def test_handler_ending_hangs_up_after_audio_drained():
+    async def greeter(call: TelephonyCall) -> None:
+        await call.send_audio(b"\x7f" * 800)  # 100 ms
+        await call.send_mark("bye")
+
+    async with running_bridge(greeter, send_ahead_s=0.0) as (_, port):
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            kinds = []
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    kinds.append(type(await recv_outbound(ws)).__name__)
+            assert kinds == ["OutboundMedia"] * 5 + ["OutboundMark"]
+            assert ws.close_code == 1000 and ws.close_reason == "call ended"
