@@ -1,0 +1,272 @@
+"""The call report: one JSON file per call, written when it ends or breaks off.
+
+Schema "specvoice.call_report/1" (times in seconds):
+
+    {"schema", "call_id", "started_at" (ISO-8601, UTC), "ended_at", "duration_s",
+     "end_reason", "error", "config", "models": {"llm_target", "llm_draft", "drafter", "stt", "tts"},
+     "turns": [{"index", "user_text", "agent_text", "agent_text_heard", "interrupted",
+                "timeline": {event: seconds since call start}, "metrics": {metric: seconds|null},
+                "llm": GenerationStats.as_dict() | null}],
+     "summary": {"turns", "metrics": {metric: {"p50", "p90", "max", "n"}},
+                 "llm": {"tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"}}}
+
+Percentiles use the nearest-rank method (the value at rank ceil(q * n) of the sorted
+samples): always an observed latency, never an interpolation between two turns.
+
+Writing is atomic (temp file in the same folder, fsync, os.replace) so a reader never
+sees half a report, and the file name is derived from the call id so that no id, however
+hostile (it comes from the telephony provider or a client), can place a file outside the
+report folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from llm.types import GenerationStats
+from pipeline.timeline import METRICS, TurnTimeline, compute_metrics
+
+__all__ = [
+    "SCHEMA",
+    "END_REASONS",
+    "CallReport",
+    "ReportError",
+    "load_report",
+    "percentile",
+    "report_filename",
+    "summarize",
+    "write_report",
+]
+
+SCHEMA = "specvoice.call_report/1"
+END_REASONS = frozenset(
+    {"completed", "caller_hangup", "stop", "error", "idle_timeout", "server_shutdown", "cancelled"}
+)
+_MODEL_KEYS = ("llm_target", "llm_draft", "drafter", "stt", "tts")
+_ROUND = 6  # microseconds are plenty for latencies
+
+
+class ReportError(ValueError):
+    """A report that cannot be written or read back."""
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, _ROUND)
+
+
+@dataclass
+class CallReport:
+    """Builds a call's report turn by turn; `finish()` then `to_dict()` / `write_report`.
+
+    `t0` is the call start on the monotonic clock (the clock timelines use); `started_at`
+    the same instant on the wall clock, for humans.
+    """
+
+    call_id: str
+    config: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, str | None] = field(default_factory=dict)
+    t0: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    ended_at: float | None = None
+    end_reason: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_config(cls, call_id: str, config: Any, **kwargs: Any) -> "CallReport":
+        """A report whose config and models sections come from a pipeline `Config`."""
+        dumped = config.model_dump(mode="json")
+        llm = config.llm
+        if llm.backend == "openai":
+            models = {"llm_target": llm.openai.model or "(server default)", "llm_draft": None,
+                      "drafter": "server"}
+        else:
+            models = {"llm_target": llm.target, "llm_draft": llm.draft if llm.drafter in ("model", "hybrid") else None,
+                      "drafter": llm.drafter}
+        models.update(stt=config.stt.model, tts=f"{config.tts.engine}:{config.tts.voice}")
+        return cls(call_id=call_id, config=dumped, models=models, **kwargs)
+
+    def add_turn(
+        self,
+        timeline: TurnTimeline,
+        user_text: str = "",
+        agent_text: str = "",
+        agent_text_heard: str | None = None,
+        interrupted: bool = False,
+        llm: GenerationStats | dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Record a finished turn; returns its report entry (what MQTT publishes too)."""
+        if isinstance(llm, GenerationStats):
+            llm = llm.as_dict()
+        turn = {
+            "index": len(self.turns),
+            "user_text": user_text,
+            "agent_text": agent_text,
+            "agent_text_heard": agent_text if agent_text_heard is None else agent_text_heard,
+            "interrupted": bool(interrupted),
+            "timeline": {k: _r(v) for k, v in timeline.relative(self.t0).items()},
+            "metrics": {k: _r(v) for k, v in compute_metrics(timeline).items()},
+            "llm": llm,
+        }
+        self.turns.append(turn)
+        return turn
+
+    def finish(self, end_reason: str, error: str | BaseException | None = None) -> None:
+        """Close the report. The first call wins: a later 'error' cannot rewrite a hangup."""
+        if self.end_reason is not None:
+            return
+        if not end_reason:
+            raise ValueError("end_reason must be a non-empty string")
+        self.end_reason = end_reason
+        if isinstance(error, BaseException):
+            error = f"{type(error).__name__}: {error}"
+        self.error = error
+        self.ended_at = time.time()
+
+    def to_dict(self) -> dict[str, Any]:
+        ended = self.ended_at if self.ended_at is not None else time.time()
+        models = {k: self.models.get(k) for k in _MODEL_KEYS}
+        models.update({k: v for k, v in self.models.items() if k not in models})
+        return {
+            "schema": SCHEMA,
+            "call_id": self.call_id,
+            "started_at": _iso(self.started_at),
+            "ended_at": _iso(ended),
+            "duration_s": round(max(0.0, ended - self.started_at), 3),
+            "end_reason": self.end_reason or "unfinished",
+            "error": self.error,
+            "config": self.config,
+            "models": models,
+            "turns": self.turns,
+            "summary": summarize(self.turns),
+        }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile: the smallest sample with at least q of the samples <= it."""
+    if not values:
+        return None
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-metric p50/p90/max/n over the turns that have the metric, plus LLM totals."""
+    metrics = {}
+    for name in METRICS:
+        values = [t["metrics"][name] for t in turns if t.get("metrics", {}).get(name) is not None]
+        metrics[name] = {
+            "p50": _r(percentile(values, 0.5)),
+            "p90": _r(percentile(values, 0.9)),
+            "max": _r(max(values)) if values else None,
+            "n": len(values),
+        }
+    stats = [t["llm"] for t in turns if t.get("llm")]
+    tokens = sum(s.get("new_tokens", 0) for s in stats)
+    passes = sum(s.get("passes", 0) for s in stats)
+    drafted = sum(s.get("drafted", 0) for s in stats)
+    accepted = sum(s.get("accepted", 0) for s in stats)
+    total_s = sum(s.get("total_s", 0.0) for s in stats)
+    # Ratios of sums, not means of ratios: a long answer weighs more than a one-word one.
+    llm = {
+        "tokens": tokens,
+        "passes": passes,
+        "tokens_per_pass": round(tokens / passes, 4) if passes else 0.0,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        "tokens_per_s": round(tokens / total_s, 3) if total_s > 0 else 0.0,
+    }
+    return {"turns": len(turns), "metrics": metrics, "llm": llm}
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def report_filename(call_id: str) -> str:
+    """A safe file name for a call id: [A-Za-z0-9_.-] only, no '..', no leading dot.
+
+    When the id had to be changed, a short hash of the original is appended so that two
+    different ids (say "a/b" and "a_b") never share a file.
+    """
+    safe = _UNSAFE.sub("_", call_id)
+    safe = re.sub(r"\.{2,}", "_", safe).lstrip(".")[:96]
+    if safe != call_id or not safe:
+        digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        safe = f"{safe or 'call'}-{digest}"
+    return f"{safe}.json"
+
+
+def write_report(report: CallReport | dict[str, Any], directory: str | os.PathLike[str]) -> Path:
+    """Write the report atomically into `directory` (created if needed); returns its path."""
+    data = report.to_dict() if isinstance(report, CallReport) else report
+    if data.get("schema") != SCHEMA:
+        raise ReportError(f"refusing to write a report without schema {SCHEMA!r}")
+    folder = Path(directory).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = (folder / report_filename(str(data["call_id"]))).resolve()
+    if path.parent != folder:  # belt and braces: the name is already sanitised
+        raise ReportError(f"report path {path} escapes the report folder {folder}")
+    text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(folder)  # make the rename itself durable
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a report back, checking that it is one this code understands."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"cannot read call report {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ReportError(f"{path} is not a call report (top level is {type(data).__name__}, not an object)")
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise ReportError(
+            f"{path}: unsupported call report schema {schema!r}; this version reads {SCHEMA!r}"
+        )
+    missing = [k for k in ("call_id", "turns", "summary", "end_reason") if k not in data]
+    if missing:
+        raise ReportError(f"{path}: call report lacks {', '.join(missing)}")
+    return data
