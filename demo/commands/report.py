@@ -1,0 +1,63 @@
+"""`specvoice report`: a call report (JSON) as a terminal summary and one HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "latency report of one or more calls: terminal summary + self-contained HTML"
+DESCRIPTION = """\
+Read call reports (JSON written by every call, under report.dir), print a one-screen
+summary, and write one self-contained HTML page (no external resources) with the
+latency summary, a waterfall per turn, voice-to-voice over the call and the
+transcripts. With several reports, both add a comparison table.
+
+  specvoice report reports/call-123.json                 # writes reports/call-123.html
+  specvoice report a.json b.json --html compare.html --open
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("reports", nargs="+", metavar="CALL.json", help="call report JSON file(s)")
+    parser.add_argument("--html", metavar="OUT.html",
+                        help="where to write the page (default: next to the first JSON; comparison.html for several)")
+    parser.add_argument("--no-html", action="store_true", help="only print the terminal summary")
+    parser.add_argument("--open", action="store_true", help="open the page in a web browser")
+
+
+def default_html_path(paths: list[Path]) -> Path:
+    if len(paths) == 1:
+        return paths[0].with_suffix(".html")
+    return paths[0].parent / "comparison.html"
+
+
+def run(args: argparse.Namespace) -> int:
+    from demo.report_html import ReportError, load_report, text_comparison, text_summary, write_html
+
+    paths = [Path(p) for p in args.reports]
+    try:
+        reports = [load_report(p) for p in paths]
+    except ReportError as exc:
+        print(f"specvoice report: {exc}", file=sys.stderr)
+        return 2
+    for report in reports:
+        print(text_summary(report))
+        print()
+    if len(reports) > 1:
+        print(text_comparison(reports))
+        print()
+    if args.no_html:
+        return 0
+    out = Path(args.html) if args.html else default_html_path(paths)
+    try:
+        write_html(reports, out)
+    except OSError as exc:
+        print(f"specvoice report: cannot write {out}: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(out.resolve().as_uri())
+    return 0

@@ -1,0 +1,443 @@
+"""Call reports (`specvoice.call_report/1` JSON) as one self-contained HTML page and as text.
+
+The page has no external resources and no JavaScript: inline CSS, SVG drawn here.
+Everything that comes from a report (transcripts above all: a caller may say anything)
+goes through `esc`; numbers carry `data-*` attributes with their exact JSON value so
+tests and scripts can read them back from the DOM.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA = "specvoice.call_report/1"
+METRICS = ["endpoint_delay", "stt_latency", "ttft", "first_sentence_latency", "tts_first_audio", "voice_to_voice"]
+METRIC_LABELS = {
+    "endpoint_delay": "endpoint delay",
+    "stt_latency": "STT",
+    "ttft": "TTFT",
+    "first_sentence_latency": "first sentence",
+    "tts_first_audio": "TTS first audio",
+    "voice_to_voice": "voice to voice",
+}
+STATS = ["p50", "p90", "max"]
+LLM_STATS = ["tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"]
+# Waterfall rows: (label, from event, to events (first present wins), colour).
+SEGMENTS = [
+    ("user speech", "speech_start", ("last_voiced",), "#9aa5b1"),
+    ("endpoint", "last_voiced", ("end_of_speech",), "#f0b429"),
+    ("STT", "end_of_speech", ("transcript",), "#de911d"),
+    ("TTFT", "llm_request", ("first_token",), "#e12d39"),
+    ("to first sentence", "first_token", ("first_sentence",), "#ab091e"),
+    ("LLM generation", "llm_request", ("llm_done",), "#f29b9b"),
+    ("TTS first audio", "first_sentence", ("tts_first_audio",), "#8719e0"),
+    ("playback", "first_audio_out", ("barge_in", "playback_done"), "#3ebd93"),
+]
+
+
+class ReportError(ValueError):
+    """A file that is not a call report."""
+
+
+def esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def num(value: Any) -> float | None:
+    """A finite number from the report, else None (reports are data from elsewhere)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    v = num(value)
+    if v is None:
+        return "—"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return f"{v:.{digits}f}"
+
+
+def _data_value(value: Any) -> str:
+    v = num(value)
+    if v is None:
+        return ""
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def load_report(path: str | Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ReportError(f"cannot read call report {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("turns", []), list):
+        raise ReportError(f"{path} is not a call report (expected a JSON object with turns)")
+    schema = data.get("schema")
+    if schema is not None and schema != SCHEMA:
+        raise ReportError(f"{path}: unsupported schema {schema!r} (expected {SCHEMA})")
+    return data
+
+
+# ---------------------------------------------------------------- data access
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def turns(report: dict) -> list[dict]:
+    return [t for t in report.get("turns") or [] if isinstance(t, dict)]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation (numpy's default), for reports without a summary."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def metric_summary(report: dict) -> dict[str, dict[str, Any]]:
+    """{metric: {p50, p90, max, n}}: the report's own summary, computed from turns if absent."""
+    given = _dict(_dict(report.get("summary")).get("metrics"))
+    out = {}
+    for metric in METRICS:
+        if isinstance(given.get(metric), dict):
+            out[metric] = given[metric]
+            continue
+        values = [v for t in turns(report) if (v := num(_dict(t.get("metrics")).get(metric))) is not None]
+        out[metric] = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
+                       "max": max(values) if values else None, "n": len(values)}
+    return out
+
+
+def llm_summary(report: dict) -> dict[str, Any]:
+    return _dict(_dict(report.get("summary")).get("llm"))
+
+
+# ---------------------------------------------------------------- text
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _plain(value: Any, width: int | None = None) -> str:
+    """Report strings for a terminal: no control characters (no escape sequences)."""
+    text = _CONTROL.sub(" ", "" if value is None else str(value))
+    if width is not None and len(text) > width:
+        text = text[: width - 1] + "…"
+    return text
+
+
+def text_summary(report: dict) -> str:
+    models = _dict(report.get("models"))
+    lines = [
+        f"call {_plain(report.get('call_id'), 40)}  started {_plain(report.get('started_at'), 32)}  "
+        f"{fmt(report.get('duration_s'), 1)} s  {len(turns(report))} turns  end: {_plain(report.get('end_reason'), 30)}",
+    ]
+    if report.get("error"):
+        lines.append(f"error: {_plain(report.get('error'), 200)}")
+    if models:
+        lines.append("models: " + ", ".join(f"{k} {_plain(v, 48)}" for k, v in models.items() if v))
+    lines.append(f"{'metric (s)':<18}{'p50':>8}{'p90':>8}{'max':>8}{'n':>5}")
+    for metric, stats in metric_summary(report).items():
+        stats = _dict(stats)
+        lines.append(f"{METRIC_LABELS[metric]:<18}" + "".join(f"{fmt(stats.get(s)):>8}" for s in STATS)
+                     + f"{fmt(stats.get('n')):>5}")
+    llm = llm_summary(report)
+    if llm:
+        lines.append(
+            f"LLM: {fmt(llm.get('tokens'))} tokens in {fmt(llm.get('passes'))} target passes: "
+            f"{fmt(llm.get('tokens_per_pass'), 2)} tokens/pass, acceptance {fmt(llm.get('acceptance_rate'), 2)}, "
+            f"{fmt(llm.get('tokens_per_s'), 1)} tokens/s"
+        )
+    for t in turns(report)[:12]:
+        m = _dict(t.get("metrics"))
+        flag = " [interrupted]" if t.get("interrupted") else ""
+        lines.append(f"  #{_plain(t.get('index'))} v2v {fmt(m.get('voice_to_voice'))}  "
+                     f"user: {_plain(t.get('user_text'), 40)!s} -> agent: {_plain(t.get('agent_text'), 40)}{flag}")
+    if len(turns(report)) > 12:
+        lines.append(f"  ... {len(turns(report)) - 12} more turns")
+    return "\n".join(lines)
+
+
+def text_comparison(reports: list[dict]) -> str:
+    """Metric p50 / p90 per report, side by side."""
+    names = [_plain(r.get("call_id") or f"#{i}", 16) for i, r in enumerate(reports)]
+    lines = [f"{'p50 / p90 (s)':<18}" + "".join(f"{n:>18}" for n in names)]
+    summaries = [metric_summary(r) for r in reports]
+    for metric in METRICS:
+        cells = [f"{fmt(_dict(s[metric]).get('p50'))} / {fmt(_dict(s[metric]).get('p90'))}" for s in summaries]
+        lines.append(f"{METRIC_LABELS[metric]:<18}" + "".join(f"{c:>18}" for c in cells))
+    for key in ("tokens_per_pass", "acceptance_rate", "tokens_per_s"):
+        cells = [fmt(llm_summary(r).get(key), 2) for r in reports]
+        lines.append(f"{key:<18}" + "".join(f"{c:>18}" for c in cells))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- SVG
+
+def _nice_step(span: float, target_ticks: int = 6) -> float:
+    raw = max(span, 1e-9) / target_ticks
+    power = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * power:
+            return m * power
+    return 10 * power
+
+
+def waterfall_svg(turn: dict, width: int = 760) -> str:
+    timeline = {k: v for k, v in _dict(turn.get("timeline")).items() if num(v) is not None}
+    rows = []
+    for label, start, ends, colour in SEGMENTS:
+        end = next((e for e in ends if e in timeline), None)
+        if start in timeline and end is not None and timeline[end] >= timeline[start]:
+            rows.append((label, start, end, float(timeline[start]), float(timeline[end]), colour))
+    if not rows:
+        return '<p class="muted">no timeline for this turn</p>'
+    t0 = min(r[3] for r in rows)
+    t1 = max(r[4] for r in rows)
+    span = max(t1 - t0, 0.05)
+    label_w, right, top, row_h = 130, 16, 8, 20
+    plot_w = width - label_w - right
+    height = top + row_h * len(rows) + 28
+
+    def x(t: float) -> float:
+        return label_w + (t - t0) / span * plot_w
+
+    parts = [f'<svg class="waterfall" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             f'xmlns="http://www.w3.org/2000/svg">']
+    step = _nice_step(span)
+    tick = 0.0
+    while tick <= span + 1e-9:
+        px = x(t0 + tick)
+        parts.append(f'<line x1="{px:.1f}" y1="{top}" x2="{px:.1f}" y2="{height - 22}" class="grid"/>')
+        parts.append(f'<text x="{px:.1f}" y="{height - 8}" class="tick" text-anchor="middle">{tick:.2f}s</text>')
+        tick += step
+    for i, (label, start, end, a, b, colour) in enumerate(rows):
+        y = top + i * row_h
+        w = max(x(b) - x(a), 1.5)
+        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" class="label" text-anchor="end">{esc(label)}</text>')
+        parts.append(
+            f'<rect x="{x(a):.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" fill="{colour}" '
+            f'data-segment="{esc(label)}" data-start="{a!r}" data-end="{b!r}">'
+            f'<title>{esc(label)}: {b - a:.3f} s ({esc(start)} → {esc(end)})</title></rect>'
+        )
+    if "last_voiced" in timeline and "first_audio_out" in timeline:
+        a, b = float(timeline["last_voiced"]), float(timeline["first_audio_out"])
+        y = height - 24
+        parts.append(f'<line x1="{x(a):.1f}" y1="{y}" x2="{x(b):.1f}" y2="{y}" class="v2v"/>'
+                     f'<text x="{(x(a) + x(b)) / 2:.1f}" y="{y - 3}" class="v2vlabel" text-anchor="middle">'
+                     f'voice to voice {b - a:.3f} s</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def v2v_plot_svg(report: dict, width: int = 760, height: int = 240) -> str:
+    points = [(i, v) for i, t in enumerate(turns(report))
+              if (v := num(_dict(t.get("metrics")).get("voice_to_voice"))) is not None]
+    if not points:
+        return '<p class="muted">no voice-to-voice measurements</p>'
+    left, right, top, bottom = 56, 16, 12, 34
+    n = max(len(turns(report)) - 1, 1)
+    vmax = max(v for _, v in points) * 1.15 or 1.0
+    step = _nice_step(vmax, 5)
+
+    def x(i: float) -> float:
+        return left + (i / n) * (width - left - right) if len(turns(report)) > 1 else (left + width - right) / 2
+
+    def y(v: float) -> float:
+        return top + (1 - v / vmax) * (height - top - bottom)
+
+    parts = [f'<svg id="v2v-plot" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             f'xmlns="http://www.w3.org/2000/svg">']
+    tick = 0.0
+    while tick <= vmax + 1e-9:
+        parts.append(f'<line x1="{left}" y1="{y(tick):.1f}" x2="{width - right}" y2="{y(tick):.1f}" class="grid"/>'
+                     f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" class="tick" text-anchor="end">{tick:.2f}s</text>')
+        tick += step
+    p50 = num(_dict(metric_summary(report)["voice_to_voice"]).get("p50"))
+    if p50 is not None:
+        parts.append(f'<line x1="{left}" y1="{y(p50):.1f}" x2="{width - right}" y2="{y(p50):.1f}" class="p50"/>'
+                     f'<text x="{width - right}" y="{y(p50) - 4:.1f}" class="tick" text-anchor="end">p50 {p50:.3f}s</text>')
+    path = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in points)
+    parts.append(f'<polyline points="{path}" class="line"/>')
+    for i, v in points:
+        t = turns(report)[i]
+        parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="4" class="point" data-turn="{i}" '
+                     f'data-value="{v!r}"><title>turn {esc(t.get("index", i))}: {v:.3f} s</title></circle>')
+        parts.append(f'<text x="{x(i):.1f}" y="{height - 14}" class="tick" text-anchor="middle">{esc(t.get("index", i))}</text>')
+    parts.append(f'<text x="{(left + width - right) / 2}" y="{height - 1}" class="tick" text-anchor="middle">turn</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- HTML
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2933;margin:24px auto;max-width:1040px;padding:0 16px;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #e4e7eb;padding-bottom:4px}
+h3{font-size:14px;margin:18px 0 4px}.muted{color:#7b8794}.error{color:#ab091e}
+table{border-collapse:collapse;margin:6px 0}th,td{padding:3px 10px;text-align:right;border-bottom:1px solid #eef0f3}
+th:first-child,td:first-child{text-align:left}thead th{background:#f5f7fa}
+.cards{display:flex;gap:12px;flex-wrap:wrap;margin:10px 0}.card{border:1px solid #e4e7eb;border-radius:6px;padding:8px 14px;min-width:120px}
+.card .v{font-size:20px;font-weight:600}.card .k{color:#7b8794;font-size:12px}
+svg{display:block;max-width:100%;height:auto;background:#fcfcfd}svg .grid{stroke:#e4e7eb;stroke-width:1}
+svg text{font:11px system-ui,sans-serif;fill:#3e4c59}svg .v2v{stroke:#1f2933;stroke-width:2}svg .v2vlabel{font-weight:600}
+svg .line{fill:none;stroke:#2680c2;stroke-width:2}svg .point{fill:#2680c2}svg .p50{stroke:#e12d39;stroke-dasharray:4 3}
+.turn{border:1px solid #e4e7eb;border-radius:6px;padding:8px 12px;margin:12px 0}
+.transcript{display:grid;grid-template-columns:1fr 1fr;gap:12px;margin:6px 0}
+.transcript div{background:#f5f7fa;border-radius:6px;padding:6px 10px;white-space:pre-wrap;overflow-wrap:anywhere}
+.transcript .agent{background:#e6f6ff}.unheard{color:#9aa5b1;text-decoration:line-through}
+.badge{display:inline-block;background:#ffe3e3;color:#ab091e;border-radius:4px;padding:0 6px;font-size:12px;margin-left:6px}
+pre{background:#f5f7fa;padding:8px;overflow:auto;font-size:12px}
+"""
+
+
+def _metric_cell(attrs: str, value: Any, digits: int = 3) -> str:
+    return f'<td {attrs} data-value="{_data_value(value)}">{fmt(value, digits)}</td>'
+
+
+def _summary_table(report: dict) -> str:
+    rows = []
+    for metric, stats in metric_summary(report).items():
+        stats = _dict(stats)
+        cells = "".join(_metric_cell(f'data-metric="{metric}" data-stat="{s}"', stats.get(s)) for s in STATS + ["n"])
+        rows.append(f'<tr><th scope="row">{esc(METRIC_LABELS[metric])}</th>{cells}</tr>')
+    return ('<table class="summary"><thead><tr><th>metric (seconds)</th><th>p50</th><th>p90</th><th>max</th>'
+            f'<th>n</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def _llm_cards(report: dict) -> str:
+    llm = llm_summary(report)
+    if not llm:
+        return '<p class="muted">no LLM statistics</p>'
+    labels = {"tokens": "tokens", "passes": "target passes", "tokens_per_pass": "tokens per pass",
+              "acceptance_rate": "acceptance rate", "tokens_per_s": "tokens / s"}
+    cards = "".join(
+        f'<div class="card"><div class="v" data-llm="{key}" data-value="{_data_value(llm.get(key))}">'
+        f'{fmt(llm.get(key), 2)}</div><div class="k">{labels[key]}</div></div>'
+        for key in LLM_STATS
+    )
+    return f'<div class="cards llm">{cards}</div>'
+
+
+def _turn_table(report: dict) -> str:
+    head = "".join(f"<th>{esc(METRIC_LABELS[m])}</th>" for m in METRICS)
+    rows = []
+    for i, t in enumerate(turns(report)):
+        m = _dict(t.get("metrics"))
+        llm = _dict(t.get("llm"))
+        cells = "".join(_metric_cell(f'data-turn="{i}" data-metric="{metric}"', m.get(metric)) for metric in METRICS)
+        cells += "".join(_metric_cell(f'data-turn="{i}" data-llm="{key}"', llm.get(key), 2)
+                         for key in ("tokens_per_pass", "acceptance_rate"))
+        rows.append(f'<tr><td>{esc(t.get("index", i))}</td>{cells}</tr>')
+    return (f'<table class="turns"><thead><tr><th>turn</th>{head}<th>tokens/pass</th><th>acceptance</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def _agent_said(turn: dict) -> str:
+    said = str(turn.get("agent_text") or "")
+    if not turn.get("interrupted"):
+        return esc(said)
+    heard = str(turn.get("agent_text_heard") or "")
+    if said.startswith(heard):
+        return f'{esc(heard)}<span class="unheard" title="not heard: interrupted">{esc(said[len(heard):])}</span>'
+    return f'{esc(heard)}<br><span class="unheard" title="generated">{esc(said)}</span>'
+
+
+def _turn_section(report: dict, i: int, turn: dict) -> str:
+    flag = '<span class="badge">interrupted</span>' if turn.get("interrupted") else ""
+    v2v = num(_dict(turn.get("metrics")).get("voice_to_voice"))
+    v2v_text = f" — voice to voice {v2v:.3f} s" if v2v is not None else ""
+    return (
+        f'<div class="turn" id="turn-{i}"><h3>Turn {esc(turn.get("index", i))}{esc(v2v_text)}{flag}</h3>'
+        f'<div class="transcript"><div class="user" data-role="user">{esc(turn.get("user_text") or "")}</div>'
+        f'<div class="agent" data-role="agent">{_agent_said(turn)}</div></div>'
+        f"{waterfall_svg(turn)}</div>"
+    )
+
+
+def _report_section(report: dict, idx: int) -> str:
+    models = _dict(report.get("models"))
+    model_rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in models.items())
+    error = f'<p class="error" id="error-{idx}">error: {esc(report.get("error"))}</p>' if report.get("error") else ""
+    config = esc(json.dumps(report.get("config") or {}, indent=2, sort_keys=True, default=str))
+    llm = llm_summary(report)
+    cards = (
+        f'<div class="cards"><div class="card"><div class="v" data-field="duration_s" '
+        f'data-value="{_data_value(report.get("duration_s"))}">{fmt(report.get("duration_s"), 1)} s</div>'
+        f'<div class="k">duration</div></div>'
+        f'<div class="card"><div class="v" data-field="turns" data-value="{len(turns(report))}">{len(turns(report))}</div>'
+        f'<div class="k">turns</div></div>'
+        f'<div class="card"><div class="v" data-field="v2v_p50" data-value="'
+        f'{_data_value(_dict(metric_summary(report)["voice_to_voice"]).get("p50"))}">'
+        f'{fmt(_dict(metric_summary(report)["voice_to_voice"]).get("p50"))} s</div><div class="k">voice to voice p50</div></div>'
+        f'<div class="card"><div class="v">{fmt(llm.get("tokens_per_pass"), 2)}</div><div class="k">tokens per pass</div></div>'
+        f"</div>"
+    )
+    return (
+        f'<section class="report" id="report-{idx}" data-call-id="{esc(report.get("call_id"))}">'
+        f'<h1>Call <span class="call-id">{esc(report.get("call_id"))}</span></h1>'
+        f'<p class="muted">{esc(report.get("started_at"))} → {esc(report.get("ended_at"))} · end: '
+        f'<span class="end-reason">{esc(report.get("end_reason"))}</span></p>{error}{cards}'
+        f"<h2>Latency summary</h2>{_summary_table(report)}"
+        f"<h2>LLM (speculative decoding)</h2>{_llm_cards(report)}"
+        f"<h2>Voice to voice over the call</h2>{v2v_plot_svg(report)}"
+        f"<h2>Per turn</h2>{_turn_table(report)}"
+        f'<h2>Turns: transcript and waterfall</h2>{"".join(_turn_section(report, i, t) for i, t in enumerate(turns(report)))}'
+        f'<h2>Models and configuration</h2><table class="models">{model_rows}</table>'
+        f"<details><summary>configuration</summary><pre>{config}</pre></details></section>"
+    )
+
+
+def _comparison_table(reports: list[dict]) -> str:
+    head = "".join(f'<th data-report="{i}">{esc(r.get("call_id") or f"#{i}")}</th>' for i, r in enumerate(reports))
+    summaries = [metric_summary(r) for r in reports]
+    rows = []
+    for metric in METRICS:
+        for stat in ("p50", "p90"):
+            cells = "".join(
+                _metric_cell(f'data-report="{i}" data-metric="{metric}" data-stat="{stat}"', _dict(s[metric]).get(stat))
+                for i, s in enumerate(summaries)
+            )
+            rows.append(f"<tr><th scope=\"row\">{esc(METRIC_LABELS[metric])} {stat}</th>{cells}</tr>")
+    for key in ("tokens_per_pass", "acceptance_rate", "tokens_per_s"):
+        cells = "".join(_metric_cell(f'data-report="{i}" data-llm="{key}"', llm_summary(r).get(key), 2)
+                        for i, r in enumerate(reports))
+        rows.append(f"<tr><th scope=\"row\">{esc(key.replace('_', ' '))}</th>{cells}</tr>")
+    return (f'<h2>Comparison</h2><table id="comparison"><thead><tr><th>seconds</th>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def render_html(reports: dict | Iterable[dict]) -> str:
+    """One self-contained page: one report, or several with a comparison table first."""
+    reports = [reports] if isinstance(reports, dict) else list(reports)
+    if len(reports) == 1:
+        title = f"specvoice call {reports[0].get('call_id') or ''}"
+    else:
+        title = f"specvoice: {len(reports)} calls compared"
+    body = _comparison_table(reports) if len(reports) > 1 else ""
+    body += "".join(_report_section(r, i) for i, r in enumerate(reports))
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        # No scripts, no fetches: even a hostile transcript that escaped escaping could not run.
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "img-src data:\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def write_html(reports: dict | Iterable[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(reports), encoding="utf-8")
+    return path

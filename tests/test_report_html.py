@@ -1,0 +1,378 @@
+"""The HTML call report: content, escaping (property test) and real headless Chromium.
+
+Chromium is driven through the DevTools protocol over a WebSocket (no selenium): it
+loads the page from a file, we read console errors, the DOM and a screenshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import re
+import shutil
+import struct
+import subprocess
+import time
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from demo import report_html
+from demo.cli import main as cli_main
+
+XSS_SCRIPT = "<script>window.__pwned=1;document.title='pwned'</script>"
+XSS_IMG = "<img src=x onerror=\"window.__pwned=2;document.title='pwned'\">"
+
+
+def make_turn(i: int, base: float, user: str, agent: str, *, heard: str | None = None, interrupted=False) -> dict:
+    tl = {
+        "speech_start": base, "last_voiced": base + 1.2 + 0.1 * i, "end_of_speech": base + 1.7 + 0.1 * i,
+        "transcript": base + 1.95 + 0.1 * i, "llm_request": base + 1.96 + 0.1 * i,
+        "first_token": base + 2.2 + 0.12 * i, "first_sentence": base + 2.5 + 0.12 * i,
+        "tts_first_audio": base + 2.68 + 0.12 * i, "first_audio_out": base + 2.7 + 0.12 * i,
+        "llm_done": base + 3.3 + 0.1 * i, "playback_done": base + 5.0,
+    }
+    if interrupted:
+        tl["barge_in"] = base + 3.9
+        del tl["playback_done"]
+    m = {
+        "endpoint_delay": tl["end_of_speech"] - tl["last_voiced"],
+        "stt_latency": tl["transcript"] - tl["end_of_speech"],
+        "ttft": tl["first_token"] - tl["llm_request"],
+        "first_sentence_latency": tl["first_sentence"] - tl["llm_request"],
+        "tts_first_audio": tl["tts_first_audio"] - tl["first_sentence"],
+        "voice_to_voice": tl["first_audio_out"] - tl["last_voiced"],
+    }
+    return {
+        "index": i, "user_text": user, "agent_text": agent,
+        "agent_text_heard": agent if heard is None else heard, "interrupted": interrupted,
+        "timeline": tl, "metrics": m,
+        "llm": {"new_tokens": 30 + i, "passes": 12, "tokens_per_pass": (30 + i) / 12, "acceptance_rate": 0.61 + 0.01 * i,
+                "tokens_per_s": 14.5},
+    }
+
+
+def make_report(call_id: str = "call-0001", user_texts: list[str] | None = None) -> dict:
+    users = user_texts or ["What are your hours?", "How much is a cleaning?", "Book me Tuesday.", "Thanks, bye!"]
+    agents = ["We are open Monday to Friday 8 to 6.", "A cleaning costs $89.",
+              "Tuesday at 10:30 works. Can I have your name?", "Goodbye!"]
+    turns = []
+    for i, user in enumerate(users):
+        interrupted = i == 2
+        turns.append(make_turn(i, 6.0 * i, user, agents[i % len(agents)],
+                               heard="Tuesday at 10:30 works." if interrupted else None, interrupted=interrupted))
+    metrics = {}
+    for name in report_html.METRICS:
+        values = [t["metrics"][name] for t in turns]
+        metrics[name] = {"p50": report_html.percentile(values, 0.5), "p90": report_html.percentile(values, 0.9),
+                         "max": max(values), "n": len(values)}
+    return {
+        "schema": "specvoice.call_report/1", "call_id": call_id, "started_at": "2026-01-01T10:00:00Z",
+        "ended_at": "2026-01-01T10:00:25Z", "duration_s": 25.25, "end_reason": "caller_hangup", "error": None,
+        "config": {"llm": {"gamma": "auto"}}, "models": {"llm_target": "qwen2.5-coder-1.5b-instruct",
+                                                        "llm_draft": "qwen2.5-coder-0.5b-instruct", "drafter": "hybrid",
+                                                        "stt": "whisper-base", "tts": "piper-joe-medium"},
+        "turns": turns,
+        "summary": {"turns": len(turns), "metrics": metrics,
+                    "llm": {"tokens": 126, "passes": 48, "tokens_per_pass": 2.625, "acceptance_rate": 0.625,
+                            "tokens_per_s": 14.5}},
+    }
+
+
+# ---------------------------------------------------------------- pure rendering
+
+def test_page_is_self_contained_and_carries_the_numbers():
+    report = make_report()
+    page = report_html.render_html(report)
+    assert page.startswith("<!DOCTYPE html>")
+    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:|//)", page)  # nothing fetched from anywhere
+    assert "<script" not in page.lower()
+    v2v = report["summary"]["metrics"]["voice_to_voice"]
+    assert f'<td data-metric="voice_to_voice" data-stat="p50" data-value="{v2v["p50"]!r}">{v2v["p50"]:.3f}</td>' in page
+    assert page.count('class="waterfall"') == 4
+    assert 'id="v2v-plot"' in page
+    assert 'class="unheard"' in page  # the interrupted turn shows what was not heard
+
+
+def test_text_summary_and_comparison():
+    a, b = make_report("call-a"), make_report("call-b")
+    b["summary"]["llm"]["tokens_per_pass"] = 1.0
+    text = report_html.text_summary(a)
+    assert "call call-a" in text and "voice to voice" in text and "2.62 tokens/pass" in text
+    assert len(text.splitlines()) <= 24  # one screen
+    cmp = report_html.text_comparison([a, b])
+    assert "call-a" in cmp and "call-b" in cmp and "1.00" in cmp
+    evil = make_report(user_texts=["\x1b[2J\x1b]0;owned\x07hello"])
+    assert "\x1b" not in report_html.text_summary(evil)  # no terminal escapes from a transcript
+
+
+def test_report_without_summary_or_with_odd_values_still_renders():
+    report = make_report()
+    del report["summary"]
+    report["turns"][1]["metrics"]["ttft"] = None
+    report["turns"][2]["metrics"]["voice_to_voice"] = "fast"
+    report["turns"][3]["timeline"] = {"speech_start": float("nan")}
+    report["turns"][0]["llm"] = None
+    page = report_html.render_html(report)
+    summary = report_html.metric_summary(report)
+    assert summary["ttft"]["n"] == 3 and summary["voice_to_voice"]["n"] == 3
+    assert "no timeline for this turn" in page
+    assert report_html.render_html({"turns": []})
+
+
+def test_cli_writes_html_next_to_the_json(tmp_path, capsys):
+    a = tmp_path / "call-a.json"
+    b = tmp_path / "call-b.json"
+    a.write_text(json.dumps(make_report("call-a")))
+    b.write_text(json.dumps(make_report("call-b")))
+    assert cli_main(["report", str(a)]) == 0
+    assert (tmp_path / "call-a.html").is_file()
+    assert "call call-a" in capsys.readouterr().out
+    out = tmp_path / "cmp" / "both.html"
+    assert cli_main(["report", str(a), str(b), "--html", str(out)]) == 0
+    page = out.read_text()
+    assert 'id="comparison"' in page and 'id="report-1"' in page
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert cli_main(["report", str(bad)]) == 2
+
+
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "section", "h1", "h2", "h3", "p", "span", "div",
+                "table", "thead", "tbody", "tr", "th", "td", "svg", "line", "text", "rect", "title", "polyline",
+                "circle", "details", "summary", "pre", "br"}
+
+
+class TagCollector(HTMLParser):
+    """Tags and attribute names as a browser's tokenizer sees them."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.attrs = set(), set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.attrs.update(name for name, _ in attrs)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.text(), min_size=6, max_size=6),
+       st.sampled_from(["<script>", "<SCRIPT src=x>", "</title><script>", "\"><script>", "<img src=x onerror=a()>",
+                        "<svg onload=a()>", "]]><script>", "<!--<script>", "&lt;script&gt;", "<scr<script>ipt>"]))
+def test_arbitrary_strings_never_produce_markup(strings, attack):
+    strings = [s + attack if i % 2 else attack + s for i, s in enumerate(strings)]
+    report = make_report(call_id=strings[0], user_texts=[strings[1], strings[2]])
+    report["turns"][0]["agent_text"] = strings[3]
+    report["turns"][1].update(agent_text=strings[4], agent_text_heard=strings[5], interrupted=True)
+    report["end_reason"] = strings[5]
+    report["error"] = strings[4]
+    report["models"] = {strings[3]: strings[2]}
+    report["config"] = {strings[1]: strings[0]}
+    report["turns"][0]["index"] = strings[2]
+    report["started_at"] = strings[0]
+    for page in (report_html.render_html(report), report_html.render_html([report, report])):
+        assert "<script" not in page.lower()
+        tags = {m.lower() for m in re.findall(r"<\s*/?\s*([A-Za-z][A-Za-z0-9-]*)", page)}
+        assert tags <= ALLOWED_TAGS, tags - ALLOWED_TAGS
+        parsed = TagCollector()
+        parsed.feed(page)
+        assert parsed.tags <= ALLOWED_TAGS, parsed.tags - ALLOWED_TAGS
+        assert not [a for a in parsed.attrs if a.startswith("on")]  # no event handler attributes
+
+
+# ---------------------------------------------------------------- headless Chromium
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--remote-debugging-port=0", "--window-size=1100,1400", "--hide-scrollbars"]
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.skip("chromium not installed (apt-get install -y chromium)")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("chromium did not start its DevTools endpoint")
+            time.sleep(0.05)
+        yield int(port_file.read_text().split()[0])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class CDP:
+    """A minimal DevTools protocol client: commands by id, events collected."""
+
+    def __init__(self, ws):
+        self.ws, self.next_id, self.events = ws, 0, []
+
+    async def call(self, method: str, **params) -> dict:
+        self.next_id += 1
+        my_id = self.next_id
+        await self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(await asyncio.wait_for(self.ws.recv(), 20))
+            if msg.get("id") == my_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self.events.append(msg)
+
+    async def wait_event(self, method: str, timeout: float = 20) -> dict:
+        async with asyncio.timeout(timeout):
+            while True:
+                for ev in self.events:
+                    if ev.get("method") == method:
+                        self.events.remove(ev)
+                        return ev
+                self.events.append(json.loads(await self.ws.recv()))
+
+    async def evaluate(self, expression: str):
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+    def errors(self) -> list[str]:
+        out = []
+        for ev in self.events:
+            method, p = ev.get("method"), ev.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                out.append(json.dumps(p.get("exceptionDetails", {}))[:300])
+            elif method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                out.append(json.dumps(p.get("args", []))[:300])
+            elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+                out.append(p["entry"].get("text", "")[:300])
+        return out
+
+
+@contextlib.asynccontextmanager
+async def open_page(port: int, path: Path):
+    from websockets.asyncio.client import connect
+
+    async with httpx.AsyncClient() as client:
+        target = (await client.put(f"http://127.0.0.1:{port}/json/new?about:blank")).json()
+    async with connect(target["webSocketDebuggerUrl"], max_size=None) as ws:
+        cdp = CDP(ws)
+        for domain in ("Runtime", "Log", "Page"):
+            await cdp.call(f"{domain}.enable")
+        await cdp.call("Page.navigate", url=path.resolve().as_uri())
+        await cdp.wait_event("Page.loadEventFired")
+        await asyncio.sleep(0.2)  # let anything that would run (it must not) run
+        yield cdp
+
+
+def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Decode an 8-bit RGB/RGBA non-interlaced PNG (what Chromium writes) into rows."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunk)
+            assert depth == 8 and colour in (2, 6) and interlace == 0
+            bpp = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], (prev[x - bpp] if x >= bpp else 0)
+            if f == 1:
+                line[x] = (line[x] + a) & 255
+            elif f == 2:
+                line[x] = (line[x] + b) & 255
+            elif f == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return width, height, [bytes(r[i:i + bpp]) for r in rows[::7] for i in range(0, stride, bpp * 7)]
+
+
+@pytest.mark.timeout(120)
+async def test_report_in_headless_chromium(chromium, tmp_path):
+    report = make_report()
+    path = report_html.write_html(report, tmp_path / "call.html")
+    async with open_page(chromium, path) as cdp:
+        assert cdp.errors() == []
+        dom = await cdp.evaluate("""JSON.stringify({
+            cells: [...document.querySelectorAll('td[data-metric][data-stat]')].map(e =>
+                [e.dataset.metric, e.dataset.stat, e.dataset.value, e.textContent]),
+            llm: Object.fromEntries([...document.querySelectorAll('.llm [data-llm]')].map(e =>
+                [e.dataset.llm, [e.dataset.value, e.textContent]])),
+            turnV2V: [...document.querySelectorAll('td[data-turn][data-metric="voice_to_voice"]')].map(e => e.dataset.value),
+            bars: [...document.querySelectorAll('svg.waterfall rect')].map(r => r.getBoundingClientRect().width),
+            points: [...document.querySelectorAll('#v2v-plot circle')].map(c => c.getBoundingClientRect().width),
+            user: [...document.querySelectorAll('[data-role=user]')].map(e => e.textContent),
+        })""")
+        dom = json.loads(dom)
+        summary = report["summary"]["metrics"]
+        assert len(dom["cells"]) == len(report_html.METRICS) * 4
+        for metric, stat, value, text in dom["cells"]:
+            expected = summary[metric][stat]
+            assert float(value) == expected
+            assert text == (str(expected) if stat == "n" else f"{expected:.3f}")
+        for key, (value, text) in dom["llm"].items():
+            assert float(value) == report["summary"]["llm"][key]
+        assert [float(v) for v in dom["turnV2V"]] == [t["metrics"]["voice_to_voice"] for t in report["turns"]]
+        assert len(dom["bars"]) >= 4 * 7 and all(w > 0 for w in dom["bars"])
+        assert len(dom["points"]) == 4 and all(w > 0 for w in dom["points"])
+        assert dom["user"] == [t["user_text"] for t in report["turns"]]
+
+        shot = await cdp.call("Page.captureScreenshot", format="png")
+        width, height, pixels = png_pixels(base64.b64decode(shot["data"]))
+        assert width > 500 and height > 500
+        assert len(set(pixels)) > 20  # text, bars and lines: far from a blank page
+        assert cdp.errors() == []
+
+
+@pytest.mark.timeout(120)
+async def test_hostile_transcript_does_not_execute_in_chromium(chromium, tmp_path):
+    report = make_report(call_id=XSS_IMG, user_texts=[XSS_SCRIPT, XSS_IMG, "</div></section>" + XSS_SCRIPT])
+    report["turns"][0]["agent_text"] = XSS_IMG
+    report["turns"][1].update(agent_text="ok " + XSS_SCRIPT, agent_text_heard="ok ", interrupted=True)
+    report["models"]["llm_target"] = "\"><svg onload=\"window.__pwned=3\">"
+    path = report_html.write_html([report, make_report("second")], tmp_path / "evil.html")
+    async with open_page(chromium, path) as cdp:
+        state = json.loads(await cdp.evaluate("""JSON.stringify({
+            pwned: window.__pwned === undefined ? null : window.__pwned,
+            title: document.title,
+            scripts: document.scripts.length,
+            imgs: document.images.length,
+            users: [...document.querySelectorAll('#report-0 [data-role=user]')].map(e => e.textContent),
+            agent0: document.querySelector('#report-0 [data-role=agent]').textContent,
+            reports: document.querySelectorAll('section.report').length,
+        })"""))
+        assert state["pwned"] is None
+        assert "pwned" not in state["title"]
+        assert state["scripts"] == 0 and state["imgs"] == 0
+        # The caller's words are shown as text, exactly.
+        assert state["users"] == [XSS_SCRIPT, XSS_IMG, "</div></section>" + XSS_SCRIPT]
+        assert state["agent0"] == XSS_IMG
+        assert state["reports"] == 2  # the hostile text did not break the page structure
+        assert cdp.errors() == []
