@@ -11,16 +11,21 @@ from pathlib import Path
 PULL_HINT = "run `specvoice models pull`"
 
 
-def pull_hint_for(path: str | Path) -> str:
+def _pull_command(name: str) -> str:
+    return f"run `specvoice models pull {name}`"
+
+
+def pull_hint_for(folder: str | Path) -> str:
     """The fix for a missing or broken model file.
 
     The model store keeps each model in `<home>/models/<catalog name>/`, so the folder
     name is the catalog name in the usual case; voice/ only knows paths, so this is a
     best-effort guess that is still correct advice when the guess is wrong.
     """
-    p = Path(path)
-    folder = p if p.suffix == "" else p.parent
-    return f"{PULL_HINT} {folder.name}" if folder.name else PULL_HINT
+    # Takes the model's FOLDER (not a file in it): catalog names contain dots
+    # ("whisper-tiny.en"), so a file/folder guess from the suffix would go wrong.
+    name = Path(folder).name
+    return _pull_command(name) if name else PULL_HINT
 
 
 class AudioFormatError(ValueError):

@@ -71,11 +71,11 @@ def check_piper_files(onnx_path: str | Path, config_path: str | Path | None = No
             raise ModelFileMissingError(f"no .onnx Piper voice in {onnx}: {pull_hint_for(onnx)}", onnx)
         onnx = found[0]
     if not onnx.is_file() or onnx.stat().st_size == 0:
-        raise ModelFileMissingError(f"Piper voice file {onnx} is missing or empty: {pull_hint_for(onnx)}", onnx)
+        raise ModelFileMissingError(f"Piper voice file {onnx} is missing or empty: {pull_hint_for(onnx.parent)}", onnx)
     config = Path(config_path).expanduser() if config_path else Path(str(onnx) + ".json")
     if not config.is_file():
         raise ModelFileMissingError(
-            f"Piper voice config {config} is missing (it sits next to the .onnx): {pull_hint_for(onnx)}", config)
+            f"Piper voice config {config} is missing (it sits next to the .onnx): {pull_hint_for(onnx.parent)}", config)
     return onnx, config
 
 
@@ -96,7 +96,7 @@ class PiperTTS:
             self.voice = PiperVoice.load(self.onnx_path, config_path=self.config_path)
         except Exception as exc:  # onnxruntime InvalidProtobuf, JSON errors, ...
             raise ModelLoadError(f"cannot load Piper voice {self.onnx_path} ({type(exc).__name__}: {exc}); "
-                                 f"the file may be corrupted: {pull_hint_for(self.onnx_path)}", self.onnx_path) from exc
+                                 f"the file may be corrupted: {pull_hint_for(self.onnx_path.parent)}", self.onnx_path) from exc
         if threads:
             import onnxruntime as ort
 
