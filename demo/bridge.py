@@ -378,18 +378,19 @@ class Bridge:
         tokens: BridgeTokens | None = None,
         *,
         insecure: bool = False,
-        max_media_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        end_grace_s: float = 5.0,
-        send_ahead_s: float = 0.04,
+        max_media_bytes: int | None = None,
+        end_grace_s: float | None = None,
+        send_ahead_s: float | None = None,
     ):
         self.config = config
         self.tokens = tokens or BridgeTokens()
         check_auth_configured(config, self.tokens, insecure)
         self.open = not self.tokens.configured  # insecure dev mode: nothing to check
         self._on_call = on_call
-        self.max_media_bytes = getattr(config, "max_media_bytes", max_media_bytes)
-        self.end_grace_s = getattr(config, "end_grace_s", end_grace_s)
-        self.send_ahead_s = getattr(config, "send_ahead_s", send_ahead_s)
+        # Keyword arguments (tests, embedding) override the config.
+        self.max_media_bytes = _pick(max_media_bytes, config, "max_media_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
+        self.end_grace_s = _pick(end_grace_s, config, "end_grace_s", 5.0)
+        self.send_ahead_s = _pick(send_ahead_s, config, "send_ahead_s", 0.04)
         self._server: Server | None = None
         self._slots: set[ServerConnection] = set()  # stream connections admitted at the handshake
         self.calls: set[TelephonyCall] = set()
@@ -610,6 +611,13 @@ class Bridge:
                 "call %s ended: %d media in, %d frames out, %d late, %d marks echoed",
                 call.stream_sid, s.media_received, s.frames_sent, s.late_frames, s.marks_echoed,
             )
+
+
+def _pick(value, config, name: str, default):
+    if value is not None:
+        return value
+    from_config = getattr(config, name, None)
+    return default if from_config is None else from_config
 
 
 def _peer(connection: ServerConnection) -> str:

@@ -111,6 +111,11 @@ class BridgeConfig(Section):
     auth_token_file: str | None = None
     twilio_auth_token_file: str | None = None
     require_auth: bool = True
+    max_media_bytes: int = Field(default=16 * 1024, ge=160)  # decoded mu-law per media message
+    end_grace_s: float = Field(default=5.0, ge=0.0)  # time the pipeline gets to finish after hang-up
+    # Outbound audio goes out this far ahead of real time (absorbs event-loop jitter; a
+    # barge-in `clear` still leaves at most this much queued at Twilio).
+    send_ahead_s: float = Field(default=0.04, ge=0.0, le=1.0)
 
 
 class ReportConfig(Section):
