@@ -451,3 +451,13 @@ async def test_stop_with_a_call_in_progress():
         await asyncio.wait_for(bridge.stop(), 5)
         assert await wait_closed(ws) == 1001  # going away
         await asyncio.wait_for(echo.done.wait(), 2)
+
+
+def test_serve_refuses_to_start_without_credentials(monkeypatch, capsys):
+    from demo.cli import main
+
+    monkeypatch.delenv("TWILIO_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("SPECVOICE_BRIDGE_TOKEN", raising=False)
+    assert main(["serve", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "no token is configured" in err and "--insecure" in err
