@@ -1,0 +1,58 @@
+"""`specvoice transcribe FILE.wav`: speech to text with the agent's own STT."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "transcribe a WAV file with Whisper (optionally as heard over a phone line)"
+DESCRIPTION = """\
+Print the transcript of an audio file, using the same Whisper engine as the agent
+(faster-whisper, int8 on CPU). Any rate and channel count is accepted: stereo is mixed
+down and the audio resampled to 16 kHz first.
+
+--phone first sends the audio through what a phone call does to it (down to 8 kHz,
+G.711 mu-law, back up), so you can hear-check how the agent copes with telephony.
+
+  specvoice transcribe hello.wav                          # Whisper base (the default)
+  specvoice transcribe hello.wav --model whisper-tiny.en  # faster, a little less accurate
+  specvoice transcribe hello.wav --phone --timing         # as over a call, with timing on stderr
+  specvoice transcribe hello.wav --model ~/models/my-ct2-whisper   # any CTranslate2 model folder
+
+Models are catalog names pulled with `specvoice models pull NAME`, or a local folder.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE.wav", help="audio file to transcribe (WAV, FLAC, OGG: anything libsndfile reads)")
+    parser.add_argument("--model", default="whisper-base",
+                        help="catalog name (whisper-base, whisper-tiny.en) or a CTranslate2 model folder (default: %(default)s)")
+    parser.add_argument("--phone", action="store_true", help="pass the audio through 8 kHz mu-law first, as a phone call would")
+    parser.add_argument("--beam-size", type=int, default=1, help="beam search width; 1 is greedy and fastest (default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    parser.add_argument("--compute-type", default="int8", help="CTranslate2 compute type (default: %(default)s)")
+    parser.add_argument("--timing", action="store_true", help="print audio length, compute time and real-time factor to stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.models import ModelNotFoundError, resolve_model
+    from voice.errors import AudioFormatError, ModelLoadError
+    from voice.mulaw import phone_roundtrip
+    from voice.stt import WhisperSTT
+    from voice.wav import read_wav
+
+    try:
+        audio, rate = read_wav(args.file)
+        if args.phone:
+            audio = phone_roundtrip(audio, rate)
+        stt = WhisperSTT(resolve_model(args.model, kind="stt"), device=args.device,
+                         compute_type=args.compute_type, beam_size=args.beam_size)
+        result = stt.transcribe_full(audio, rate)
+    except (AudioFormatError, ModelNotFoundError, ModelLoadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(result.text)
+    if args.timing:
+        print(f"audio {result.audio_s:.2f}s  compute {result.compute_s:.2f}s  RTF {result.rtf:.3f}"
+              f"{'  (via 8 kHz mu-law)' if args.phone else ''}", file=sys.stderr)
+    return 0
