@@ -95,13 +95,12 @@ def turns(report: dict) -> list[dict]:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation (numpy's default), for reports without a summary."""
+    """Nearest-rank, the definition `pipeline.report` writes summaries with (used here only
+    for reports that lack a summary; a test keeps the two in step)."""
     if not values:
         return None
     xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return xs[max(1, math.ceil(q * len(xs))) - 1]
 
 
 def metric_summary(report: dict) -> dict[str, dict[str, Any]]:

@@ -101,6 +101,19 @@ def test_page_is_self_contained_and_carries_the_numbers():
     assert 'class="unheard"' in page  # the interrupted turn shows what was not heard
 
 
+def test_summary_fallback_matches_pipeline_report():
+    pipeline_report = pytest.importorskip("pipeline.report")
+    report = make_report()
+    ours = report_html.metric_summary({"turns": report["turns"]})  # computed: no summary in the file
+    theirs = pipeline_report.summarize(report["turns"])["metrics"]
+    for metric in report_html.METRICS:
+        for stat in ("p50", "p90", "max", "n"):
+            assert ours[metric][stat] == pytest.approx(theirs[metric][stat], abs=1e-6)
+    for values in ([1.0], [3.0, 1.0], [5.0, 1.0, 4.0, 2.0, 3.0]):
+        for q in (0.5, 0.9):
+            assert report_html.percentile(values, q) == pipeline_report.percentile(values, q)
+
+
 def test_text_summary_and_comparison():
     a, b = make_report("call-a"), make_report("call-b")
     b["summary"]["llm"]["tokens_per_pass"] = 1.0
@@ -376,3 +389,32 @@ async def test_hostile_transcript_does_not_execute_in_chromium(chromium, tmp_pat
         assert state["agent0"] == XSS_IMG
         assert state["reports"] == 2  # the hostile text did not break the page structure
         assert cdp.errors() == []
+
+
+def test_renders_a_report_written_by_pipeline_report(tmp_path):
+    """The real writer's output, not just our own fixture, renders with its numbers."""
+    report_mod = pytest.importorskip("pipeline.report")
+    timeline_mod = pytest.importorskip("pipeline.timeline")
+    from pipeline.config import Config
+
+    call = report_mod.CallReport.from_config("call-real", Config())
+    t0 = call.t0
+    for i in range(3):
+        tl = timeline_mod.TurnTimeline()
+        base = t0 + 5.0 * i
+        for k, dt in (("speech_start", 0.0), ("last_voiced", 1.0), ("end_of_speech", 1.5), ("transcript", 1.7),
+                      ("llm_request", 1.71), ("first_token", 1.9 + 0.1 * i), ("first_sentence", 2.2 + 0.1 * i),
+                      ("tts_first_audio", 2.4 + 0.1 * i), ("first_audio_out", 2.42 + 0.1 * i),
+                      ("llm_done", 2.8 + 0.1 * i), ("playback_done", 4.0)):
+            tl.mark(k, base + dt)
+        call.add_turn(tl, user_text=f"question {i} <b>", agent_text=f"answer {i}",
+                      llm={"new_tokens": 20, "passes": 8, "drafted": 24, "accepted": 12, "total_s": 1.0})
+    call.finish("caller_hangup")
+    path = report_mod.write_report(call, tmp_path)
+    data = report_html.load_report(path)
+    page = report_html.render_html(data)
+    v2v = data["summary"]["metrics"]["voice_to_voice"]
+    assert v2v["n"] == 3
+    assert f'data-metric="voice_to_voice" data-stat="p50" data-value="{v2v["p50"]!r}"' in page
+    assert page.count('class="waterfall"') == 3 and "question 0 &lt;b&gt;" in page
+    assert "call call-real" in report_html.text_summary(data)
