@@ -124,7 +124,9 @@ class Endpointer:
         """Add a frame (float32 16 kHz) whose first sample was captured at time `t`."""
         frame = np.asarray(frame, dtype=np.float32).reshape(-1)
         if self._buf_t is None or len(self._rebuf) == 0:
-            self._buf_t = t - 0.0  # the rebuffer is empty: its next sample is this frame's first
+            # The rebuffer is empty, so this frame's first sample starts the next chunk. With
+            # samples still waiting, the chunk's time follows from theirs (frames are contiguous).
+            self._buf_t = t
         events: list[Event] = []
         for chunk in self._rebuf.push(frame):
             chunk_t = self._buf_t
