@@ -1,0 +1,44 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Tiny random models saved with save_pretrained: two Qwen2 targets, a Llama target,
+    an unrelated small draft, and a draft with a different tokenizer."""
+    import torch
+
+    from tinymodels import build_model, build_tokenizer
+
+    # Many tiny ops: one thread avoids oversubscribing the two cores other tests share.
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("tiny")
+    build_tokenizer(root / "tok")
+    paths = {
+        "target": build_model(root / "target", seed=1, tokenizer_from=root / "tok"),
+        "target2": build_model(root / "target2", seed=7, hidden=48, heads=4, kv_heads=4, tokenizer_from=root / "tok"),
+        "llama": build_model(root / "llama", arch="llama", seed=3, tokenizer_from=root / "tok"),
+        "draft": build_model(root / "draft", seed=2, hidden=32, layers=1, tokenizer_from=root / "tok"),
+    }
+    other_tok = root / "othertok"
+    from tinymodels import CORPUS
+
+    import tinymodels
+
+    saved = list(tinymodels.CORPUS)
+    try:
+        tinymodels.CORPUS[:] = [s[::-1] for s in CORPUS]  # a different corpus -> different merges and ids
+        build_tokenizer(other_tok)
+    finally:
+        tinymodels.CORPUS[:] = saved
+    paths["draft_other_tok"] = build_model(root / "draft_other", seed=5, hidden=32, layers=1, tokenizer_from=other_tok)
+    return {k: str(v) for k, v in paths.items()}
+
+
+def require_models() -> bool:
+    return os.environ.get("SPECVOICE_REQUIRE_MODELS") == "1"
