@@ -50,21 +50,30 @@ def prefill(model: Transformer, seq: Sequence, prompt: list[int]) -> tuple[torch
 
 
 def draft(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int, params: SamplingParams) -> Proposal:
-    """Ask the drafters in order (n-gram lookup first: it is free) for at most `limit` tokens.
+    """Ask the drafters for at most `limit` tokens and keep the offer worth most tokens/s.
 
-    A drafter that can say how many it has (n-gram) is asked first and its offer is cut
-    to the controller's choice; a draft model is asked for exactly the chosen gamma."""
+    N-gram lookup tells its offer for free, so it is looked up first; a draft model,
+    whose cost grows with every token, runs only for the gamma the controller picks
+    and only if its expected rate beats the free offer. With a fixed gamma the first
+    drafter with an offer wins."""
+    offers: list[tuple[float, Proposal | None, Drafter | None, int]] = []
     for d in drafters:
         if d.name == "ngram":
             offer = d.propose(context, limit, params)
             if offer.tokens:
-                g = controller.choose("ngram", len(offer.tokens))
-                return Proposal(offer.tokens[:g], None, "ngram", offer.cost_s)
+                g = controller.choose(offer.source, len(offer.tokens))
+                if g > 0:
+                    offers.append((controller.rate(offer.source, g), Proposal(offer.tokens[:g], None, offer.source, offer.cost_s), None, g))
         else:
             g = controller.choose(d.name, limit)
             if g > 0:
-                return d.propose(context, g, params)
-    return Proposal([], None, "none", 0.0)
+                offers.append((controller.rate(d.name, g), None, d, g))
+    if not offers:
+        return Proposal([], None, "none", 0.0)
+    if controller.fixed is None:
+        offers.sort(key=lambda o: o[0], reverse=True)
+    _, proposal, drafter, g = offers[0]
+    return proposal if proposal is not None else drafter.propose(context, g, params)
 
 
 @dataclass

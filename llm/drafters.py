@@ -80,7 +80,8 @@ class NgramDrafter:
         for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
             end = self._index.get(n, {}).get(tuple(context[-n:]))
             if end is not None:
-                return Proposal(context[end : end + k], None, self.name, time.perf_counter() - t0)
+                # Longer matches are more often right: acceptance is learnt per match length.
+                return Proposal(context[end : end + k], None, f"{self.name}{n}", time.perf_counter() - t0)
         return Proposal([], None, self.name, time.perf_counter() - t0)
 
     def accepted(self, n: int) -> None:
@@ -104,21 +105,29 @@ class ModelDrafter:
         self.cache: KVCache = new_cache(model)
         self.tokens: list[int] = []  # tokens whose K/V are valid in the cache, in order
         self.generator = generator
+        self.step_s = 0.0  # moving average of one single-token draft step
 
     def _logits_after(self, context: list[int]) -> torch.Tensor:
         keep = common_prefix(self.tokens, context)
         keep = min(keep, len(context) - 1)  # always run at least one token to get logits
         todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
+        t0 = time.perf_counter()
         logits = forward(self.model, self.cache, todo, keep, all_logits=False)[-1]
+        if len(todo) <= 2:
+            self._observe_step(time.perf_counter() - t0)
         self.tokens = list(context)
         return logits
 
+    def _observe_step(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s == 0 else 0.8 * self.step_s + 0.2 * seconds
+
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
-        t0 = time.perf_counter()
         if k <= 0:
             return Proposal([], None, self.name, 0.0)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        # Catching up on many tokens (the prompt, or n-gram drafts the model never saw) is
+        # a one-off prefill, not the per-token cost that decides gamma: it is not counted.
         logits = self._logits_after(context)
         for i in range(k):
             if params.greedy:
@@ -130,7 +139,9 @@ class ModelDrafter:
             tokens.append(token)
             if i + 1 < k:
                 pos = len(self.tokens)
+                t0 = time.perf_counter()
                 logits = forward(self.model, self.cache, torch.tensor([token], device=self.model.device), pos)[-1]
+                self._observe_step(time.perf_counter() - t0)
                 self.tokens.append(token)
         probs = None
         if rows:
@@ -138,27 +149,7 @@ class ModelDrafter:
             if probs.shape[1] < self.target_vocab:  # a draft with a smaller head proposes none of the rest
                 probs = torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[1]))
             probs = probs[:, : self.target_vocab]
-        return Proposal(tokens, probs, self.name, time.perf_counter() - t0)
-
-    def accepted(self, n: int) -> None:
-        pass
-
-
-class HybridDrafter:
-    """N-gram lookup when it finds a match (free), else the draft model."""
-
-    name = "hybrid"
-
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter):
-        self.ngram = ngram
-        self.model = model
-
-    def propose(self, context: list[int], k: int, params: SamplingParams, k_model: int | None = None) -> Proposal:
-        proposal = self.ngram.propose(context, k, params)
-        if proposal.tokens:
-            return proposal
-        k_model = k if k_model is None else k_model
-        return self.model.propose(context, k_model, params) if k_model > 0 else proposal
+        return Proposal(tokens, probs, self.name, self.step_s * k)
 
     def accepted(self, n: int) -> None:
         pass

@@ -13,6 +13,7 @@ is computed once and copied into each new conversation.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -81,8 +82,11 @@ class SpeculativeEngine:
     max_gamma: int = 8
     context_tokens: int = 4096
     lock: FairLock = field(default_factory=FairLock)
-    prefixes: list[tuple[list[int], Sequence]] = field(default_factory=list)
+    # (tokens, target K/V, draft K/V or None) of shared prefixes such as a system prompt
+    prefixes: list[tuple[list[int], Sequence, object]] = field(default_factory=list)
     step_costs: dict[str, float] = field(default_factory=dict)
+    # What conversations learnt (acceptance per drafter, measured costs); new ones start from it.
+    learned: GammaController | None = None
 
     @classmethod
     def load(
@@ -141,6 +145,10 @@ class SpeculativeEngine:
     def _controller(self) -> GammaController:
         fixed = None if self.gamma == "auto" else int(self.gamma)
         c = GammaController(max_gamma=self.max_gamma if fixed is None else max(fixed, 0), fixed=fixed)
+        if self.learned is not None and fixed is None:
+            c.sources = copy.deepcopy(self.learned.sources)
+            c.verify = copy.deepcopy(self.learned.verify)
+            return c
         if self.step_costs:
             step = self.step_costs["target_step"]
             k = self.max_gamma + 1
@@ -164,24 +172,37 @@ class SpeculativeEngine:
         return Conversation(new_sequence(self.target.model), drafters, self._controller())
 
     def warm_prefix(self, prompt: list[int]) -> None:
-        """Compute and keep the K/V of a prefix (a system prompt) for all later conversations."""
+        """Compute and keep the K/V of a prefix (a system prompt) for all later conversations,
+        for the target and for the draft model alike."""
+        if any(tokens == prompt for tokens, _, _ in self.prefixes):
+            return
         seq = new_sequence(self.target.model, len(prompt) + 1)
+        draft_cache = new_cache(self.draft.model, len(prompt) + 1) if self.draft is not None else None
+        ids = torch.tensor(prompt, device=self.target.model.device)
         with self.lock, torch.inference_mode():
-            forward(self.target.model, seq.cache, torch.tensor(prompt, device=self.target.model.device), 0, all_logits=False)
+            forward(self.target.model, seq.cache, ids, 0, all_logits=False)
+            if draft_cache is not None:
+                forward(self.draft.model, draft_cache, ids, 0, all_logits=False)
         seq.tokens = list(prompt)
-        self.prefixes.append((list(prompt), seq))
+        self.prefixes.append((list(prompt), seq, draft_cache))
 
     def _adopt_prefix(self, conv: Conversation, prompt: list[int]) -> None:
         if conv.seq.tokens or not self.prefixes:
             return
         best_len, best = 0, None
-        for tokens, seq in self.prefixes:
-            n = common_prefix(tokens, prompt)
+        for entry in self.prefixes:
+            n = common_prefix(entry[0], prompt)
             if n > best_len:
-                best_len, best = n, seq
-        if best is not None and best_len > 0:
-            conv.seq.cache.copy_prefix_from(best.cache, best_len)
-            conv.seq.tokens = list(prompt[:best_len])
+                best_len, best = n, entry
+        if best is None:
+            return
+        _, seq, draft_cache = best
+        conv.seq.cache.copy_prefix_from(seq.cache, best_len)
+        conv.seq.tokens = list(prompt[:best_len])
+        for d in conv.drafters:
+            if isinstance(d, ModelDrafter) and draft_cache is not None and not d.tokens:
+                d.cache.copy_prefix_from(draft_cache, best_len)
+                d.tokens = list(prompt[:best_len])
 
     # ---- prompts -----------------------------------------------------------------------
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -215,10 +236,14 @@ class SpeculativeEngine:
         conv.last_stats = stats
         detok = IncrementalDetokenizer(self.target.tokenizer, params.stop)
         gen = Generation(params, self.target.eos_ids, self.context_tokens, cancel, self.lock)
-        with torch.inference_mode():
-            yield from speculative_stream(
-                self.target.model, conv.seq, prompt, conv.drafters, conv.controller, detok, gen, stats
-            )
+        try:
+            with torch.inference_mode():
+                yield from speculative_stream(
+                    self.target.model, conv.seq, prompt, conv.drafters, conv.controller, detok, gen, stats
+                )
+        finally:
+            if conv.controller.fixed is None:
+                self.learned = copy.deepcopy(conv.controller)
 
     def generate(self, prompt: list[int], params: SamplingParams, conversation: Conversation | None = None) -> tuple[list[int], list[TokenGroup], GenerationStats]:
         conv = conversation or self.new_conversation(params.seed)

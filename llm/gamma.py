@@ -68,28 +68,41 @@ class GammaController:
     def stats(self, source: str) -> SourceStats:
         return self.sources.setdefault(source, SourceStats())
 
-    def choose(self, source: str, available: int) -> int:
-        """Best number of drafts from `source`, given it can offer `available` of them."""
+    def best(self, source: str, available: int) -> tuple[int, float]:
+        """(gamma, expected tokens per second) maximising throughput for drafts from `source`."""
         limit = max(0, min(self.max_gamma, available))
+        plain = 1.0 / self.verify.cost(1)
         if self.fixed is not None:
-            return min(self.fixed, limit)
-        if limit == 0:
-            return 0
+            g = min(self.fixed, limit)
+            return g, plain if g == 0 else float("inf")
         s = self.stats(source)
         a = min(s.acceptance, 0.999)
-        best_g, best_rate = 0, 1.0 / self.verify.cost(1)
+        best_g, best_rate = 0, plain
         for g in range(1, limit + 1):
             rate = expected_tokens(a, g) / (g * s.cost_per_token + self.verify.cost(g + 1))
             if rate > best_rate:
                 best_g, best_rate = g, rate
-        if best_g == 0:
+        return best_g, best_rate
+
+    def rate(self, source: str, g: int) -> float:
+        """Expected tokens per second of a pass verifying g drafts from `source`."""
+        s = self.stats(source)
+        return expected_tokens(min(s.acceptance, 0.999), g) / (g * s.cost_per_token + self.verify.cost(g + 1))
+
+    def choose(self, source: str, available: int) -> int:
+        """Best number of drafts from `source`, given it can offer `available` of them."""
+        g, _ = self.best(source, available)
+        if self.fixed is not None or available <= 0:
+            return g
+        s = self.stats(source)
+        if g == 0:
             s.idle_passes += 1
             if s.idle_passes >= self.explore_every:  # keep the estimate alive: try one draft now and then
                 s.idle_passes = 0
                 return 1
         else:
             s.idle_passes = 0
-        return best_g
+        return g
 
     def observe_draft(self, source: str, drafted: int, accepted: int, seconds: float) -> None:
         if drafted <= 0:

@@ -156,7 +156,7 @@ class KVCache:
 
     def copy_prefix_from(self, other: "KVCache", n: int) -> None:
         """Share a computed prefix (a system prompt) by copying its first n positions."""
-        self.ensure(n, max(n, self.capacity))
+        self.ensure(n, max(n, other.capacity))
         for dst, src in ((self.keys, other.keys), (self.values, other.values)):
             for i in range(len(dst)):
                 dst[i][:, :n] = src[i][:, :n]
