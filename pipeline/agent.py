@@ -1,0 +1,159 @@
+"""The models a call needs, loaded once per process and shared by every call.
+
+    models = AgentModels.load(config)        # ~25 s for the default pair, once
+    backend = models.new_backend()           # one per call: keeps that call's KV cache
+    endpointer = models.new_endpointer()     # one per call: per-stream VAD state
+
+One speculative engine serves all calls (its fair lock interleaves them pass by pass),
+one Whisper, one Piper voice (serialised by its own lock) and one Silero session. The
+system prompt's K/V is computed once (`warm_prefix`) and copied into each new call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from llm.types import SamplingParams
+from pipeline.config import Config
+from voice.endpointer import EndpointConfig, Endpointer
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AgentModels", "STTEngine", "endpoint_config", "sampling_params", "chars_token_count"]
+
+
+class STTEngine(Protocol):
+    def transcribe(self, audio: np.ndarray, sample_rate: int = 16000) -> str: ...
+
+
+def endpoint_config(config: Config) -> EndpointConfig:
+    """The config's [vad] section in the endpointer's terms."""
+    v = config.vad
+    return EndpointConfig(
+        threshold=v.threshold,
+        min_speech_ms=float(v.start_ms),
+        min_silence_ms=float(v.end_silence_ms),
+        pre_roll_ms=float(v.preroll_ms),
+        max_utterance_s=v.max_utterance_s,
+    )
+
+
+def sampling_params(config: Config) -> SamplingParams:
+    llm = config.llm
+    return SamplingParams(
+        max_new_tokens=llm.max_new_tokens, temperature=llm.temperature, top_k=llm.top_k,
+        top_p=llm.top_p, seed=llm.seed, stop=tuple(llm.stop),
+    )
+
+
+def chars_token_count(messages: list[dict]) -> int:
+    """Token estimate when no tokenizer is at hand (a remote OpenAI-compatible server):
+    about 4 characters a token for English, plus a few tokens of framing per message."""
+    return sum(len(m.get("content", "")) // 4 + 4 for m in messages)
+
+
+def _threads(config: Config, threads: int | None) -> tuple[int, int, int]:
+    """(torch, whisper, piper) thread counts.
+
+    The LLM, Whisper and Piper all compete for the same cores, and the LLM keeps
+    generating while Piper speaks; oversubscribed OpenMP pools spin against each other
+    and make torch many times slower. Piper gets one thread (a sentence takes a fraction
+    of its own duration anyway); Whisper runs while the LLM waits for it, so it may
+    use the cores; torch gets `llm.threads` or all cores.
+    """
+    cores = os.cpu_count() or 1
+    if threads is not None:
+        return threads, threads, threads
+    return config.llm.threads or cores, min(4, cores), 1
+
+
+@dataclass
+class AgentModels:
+    config: Config
+    stt: STTEngine
+    tts: Any  # voice.tts.TTSEngine
+    vad_model: Any  # voice.vad.SileroModel (or anything with .stream())
+    engine: Any = None  # llm.engine.SpeculativeEngine; None for the OpenAI backend
+    load_s: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, config: Config, *, threads: int | None = None, warm: bool = True) -> "AgentModels":
+        """Load everything the config names. Raises ModelNotFoundError (with the pull
+        command) for a model that is not on disk."""
+        from pipeline.models import resolve_model
+        from voice.stt import WhisperSTT
+        from voice.tts import load_tts
+        from voice.vad import SileroModel
+
+        torch_threads, stt_threads, tts_threads = _threads(config, threads)
+        times: dict[str, float] = {}
+        engine = None
+        if config.llm.backend == "speculative":
+            import torch
+
+            from llm.engine import SpeculativeEngine
+
+            torch.set_num_threads(torch_threads)
+            t = time.perf_counter()
+            llm = config.llm
+            draft = resolve_model(llm.draft) if llm.draft and llm.drafter in ("model", "hybrid") else None
+            engine = SpeculativeEngine.load(
+                resolve_model(llm.target), draft, drafter=llm.drafter, gamma=llm.gamma, max_gamma=llm.max_gamma,
+                device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens,
+            )
+            times["llm"] = time.perf_counter() - t
+        t = time.perf_counter()
+        stt = WhisperSTT(resolve_model(config.stt.model), device=config.stt.device,
+                         compute_type=config.stt.compute_type, beam_size=config.stt.beam_size,
+                         language=config.stt.language, cpu_threads=stt_threads)
+        times["stt"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if config.tts.engine == "piper":
+            tts = load_tts("piper", resolve_model(config.tts.voice), length_scale=config.tts.length_scale,
+                           threads=tts_threads)
+        else:
+            tts = load_tts(config.tts.engine, resolve_model(config.tts.voice))
+        times["tts"] = time.perf_counter() - t
+        vad = SileroModel()
+        models = cls(config, stt, tts, vad, engine, times)
+        if warm:
+            models.warm()
+        return models
+
+    def warm(self) -> None:
+        """Compute the system prompt's K/V once; every call starts from a copy of it."""
+        if self.engine is None:
+            return
+        prefix = self.engine.chat_prompt(
+            [{"role": "system", "content": self.config.agent.system_prompt}], add_generation_prompt=False)
+        if prefix:
+            self.engine.warm_prefix(prefix)
+
+    def new_backend(self, config: Config | None = None):
+        """A fresh LLM backend for one call (its own conversation state)."""
+        config = config or self.config
+        if config.llm.backend == "openai":
+            from llm.openai_backend import OpenAIChatBackend
+
+            o = config.llm.openai
+            return OpenAIChatBackend(o.base_url, o.model, os.environ.get(o.api_key_env), o.timeout_s)
+        from llm.backend import SpeculativeBackend
+
+        return SpeculativeBackend(self.engine)
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        if self.engine is not None:
+            return self.engine.count_tokens(messages)
+        return chars_token_count(messages)
+
+    def new_endpointer(self) -> Endpointer:
+        return Endpointer(self.vad_model.stream(), endpoint_config(self.config))
+
+    def describe(self) -> dict[str, Any]:
+        return {"load_s": {k: round(v, 2) for k, v in self.load_s.items()}}

@@ -1,0 +1,177 @@
+"""A phone call (the bridge's TelephonyCall) as a Call's source and sink.
+
+    on_call = make_call_handler(config)     # loads the shared models once
+    bridge = Bridge(config.bridge, on_call, tokens)
+
+In: 20 ms mu-law 8 kHz `media` -> int16 -> float32 -> 16 kHz (one streaming resampler
+per call, so no edge clicks between packets) -> AudioFrame stamped with the packet's
+capture time (arrival minus its duration).
+Out: TTS chunks -> 8 kHz -> mu-law -> `send_audio` (the bridge paces 20 ms frames in
+real time); a `mark` after each sentence, echoed by the far end once it has played it;
+`clear` on barge-in.
+
+The call object is duck-typed (start, async iteration, send_audio, send_mark, wait_mark,
+clear): pipeline/ does not import demo/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import Config
+from pipeline.io import AudioFrame
+from voice import mulaw
+from voice.audio import PHONE_RATE, STT_RATE, to_float32, to_int16
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TelephonySource", "TelephonySink", "make_call_handler"]
+
+
+class TelephonySource:
+    """Inbound media of a TelephonyCall as 16 kHz AudioFrames. Ends when the caller stops."""
+
+    def __init__(self, call: Any):
+        import soxr
+
+        self.call = call
+        self.hangup = True  # a phone stream only ends when the caller goes away
+        self.stopped = False  # a `stop` message came (versus the connection dropping)
+        self.dtmf: list[str] = []
+        self._resampler = soxr.ResampleStream(PHONE_RATE, STT_RATE, 1, dtype="float32", quality="HQ")
+
+    def __aiter__(self) -> AsyncIterator[AudioFrame]:
+        return self._frames()
+
+    async def _frames(self) -> AsyncIterator[AudioFrame]:
+        async for event in self.call:
+            kind = type(event).__name__
+            if kind == "Media":
+                payload = event.payload
+                if not payload:
+                    continue
+                arrived = time.monotonic()
+                pcm8 = to_float32(mulaw.decode(payload))
+                pcm16 = self._resampler.resample_chunk(pcm8)
+                if len(pcm16):
+                    yield AudioFrame(np.asarray(pcm16, dtype=np.float32), arrived - len(pcm8) / PHONE_RATE)
+            elif kind == "Stop":
+                self.stopped = True
+                return
+            elif kind == "Dtmf":
+                self.dtmf.append(event.digit)
+                log.info("call %s: DTMF %s", getattr(self.call, "stream_sid", "?"), event.digit)
+
+
+class TelephonySink:
+    """Agent audio out through a TelephonyCall: 8 kHz mu-law, marks, clear."""
+
+    def __init__(self, call: Any):
+        self.call = call
+        self.on_audio_out: Callable[[float], None] | None = None
+        self.clears = 0
+        self._hook_send()
+
+    def _hook_send(self) -> None:
+        # The moment a media frame is written to the socket is when the caller starts to
+        # get it (first_audio_out). The bridge's sender calls `call._send(text)` per
+        # message; we wrap it to observe media messages. Without that attribute (another
+        # call implementation), `play` stamps the time it queued the audio instead.
+        send = getattr(self.call, "_send", None)
+        if send is None:
+            return
+
+        async def observed(text: str) -> None:
+            await send(text)
+            if self.on_audio_out is not None and '"event": "media"' in text[:40]:
+                self.on_audio_out(time.monotonic())
+
+        self.call._send = observed
+        self._hooked = True
+
+    async def play(self, chunk: Any) -> None:
+        pcm = to_float32(chunk.pcm).reshape(-1)
+        if chunk.sample_rate != PHONE_RATE:
+            from voice.audio import resample
+
+            pcm = resample(pcm, chunk.sample_rate, PHONE_RATE)
+        await self.call.send_audio(mulaw.encode_bytes(to_int16(pcm)))
+        if not getattr(self, "_hooked", False) and self.on_audio_out is not None:
+            self.on_audio_out(time.monotonic())
+
+    async def mark(self, name: str) -> None:
+        await self.call.send_mark(name)
+
+    async def wait_mark(self, name: str, timeout: float | None = None) -> bool:
+        return await self.call.wait_mark(name, timeout)
+
+    async def clear(self) -> None:
+        self.clears += 1
+        await self.call.clear()
+
+    async def aclose(self) -> None:
+        return None
+
+
+def make_call_handler(
+    config: Config,
+    models: Any = None,
+    *,
+    report_dir: str | Path | None = None,
+    greeting: bool | str = True,
+    on_turn: Callable[[str, dict], None] | None = None,
+    on_call_end: Callable[[Any], None] | None = None,
+    preload: bool = True,
+):
+    """`async def on_call(call)` for the bridge: one Call per phone call, shared models.
+
+    The models load now (preload=True: `specvoice serve` is ready before the first ring)
+    or on the first call. `on_turn(call_id, turn_entry)` sees every finished turn;
+    `on_call_end(call)` gets the finished pipeline.call.Call (report, turns).
+    """
+    from pipeline.agent import AgentModels
+    from pipeline.call import Call
+
+    state: dict[str, Any] = {"models": models}
+    lock: asyncio.Lock | None = None  # created on the loop, below
+
+    if state["models"] is None and preload:
+        state["models"] = AgentModels.load(config)
+
+    async def get_models() -> Any:
+        nonlocal lock
+        if state["models"] is not None:
+            return state["models"]
+        if lock is None:
+            lock = asyncio.Lock()
+        async with lock:
+            if state["models"] is None:
+                state["models"] = await asyncio.to_thread(AgentModels.load, config)
+        return state["models"]
+
+    async def on_call(call: Any) -> None:
+        agent_models = await get_models()
+        start = call.start
+        call_id = start.call_sid or start.stream_sid
+        source, sink = TelephonySource(call), TelephonySink(call)
+        pipeline_call = Call(
+            config, agent_models, source, sink, call_id=call_id, report_dir=report_dir, greeting=greeting,
+            on_turn=(lambda entry: on_turn(call_id, entry)) if on_turn is not None else None,
+        )
+        on_call.calls.append(pipeline_call)
+        try:
+            await pipeline_call.run()
+        finally:
+            if on_call_end is not None:
+                on_call_end(pipeline_call)
+
+    on_call.calls = []  # the pipeline Calls served, for tests and the in-process demo
+    on_call.get_models = get_models
+    return on_call
