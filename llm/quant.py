@@ -3,11 +3,17 @@
 Speculative decoding is exact only if verifying k tokens in one forward gives each
 token the logits it would get alone. `torch.ao` dynamic int8 breaks that: it picks one
 activation scale for the whole batch, so a draft token changes the rounding of the
-token before it (measured: logits off by up to 4.35, argmax flipped). Here every row
-is quantised with its own scale and the product is an integer GEMM (`torch._int_mm`),
-which is exact whatever the blocking; the float rescale afterwards is elementwise. So
-the layer is bitwise batch-invariant by construction, and on this CPU an 8-row int8
-GEMM costs about what a 1-row one does (memory bound on the int8 weights).
+token before it (measured: logits off by up to 4.35, argmax flipped).
+
+Two batch-invariant int8 kernels, both with per-channel int8 weights:
+
+- fbgemm (preferred, x86): each row is divided by its own max |x|, and one pinned row
+  (+1, -1, 0, ...) is appended, so the dynamic quantiser always sees the range [-1, 1]
+  and quantises every row with the same parameters whatever else is in the batch. The
+  integer GEMM is exact; the row's max is multiplied back elementwise. Measured on the
+  2-core dev machine (1536 -> 8960): 0.45 ms for 1 row, 0.57 ms for 9, against
+  0.34 / 0.45 ms for plain (not invariant) fbgemm dynamic int8.
+- `torch._int_mm` (fallback): symmetric per-row int8 activations; 0.67 / 0.74 ms there.
 """
 
 from __future__ import annotations
@@ -22,6 +28,35 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
     qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
     return qweight.contiguous(), scale.contiguous()
+
+
+def fbgemm_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def pack_fbgemm(weight: torch.Tensor):
+    """Per-output-channel symmetric int8 weights, prepacked for fbgemm."""
+    import warnings
+
+    w = weight.detach().to(torch.float32)
+    scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(torch.float64)
+    with warnings.catch_warnings():  # quantized tensors are deprecated upstream; pinned torch has them
+        warnings.simplefilter("ignore")
+        wq = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(wq, None)
+
+
+def fbgemm_linear(x: torch.Tensor, packed, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    row_max = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
+    pin = rows.new_zeros(1, rows.shape[1])
+    pin[0, 0], pin[0, 1] = 1.0, -1.0
+    # reduce_range: 7-bit activations, so AVX2's pairwise int16 accumulation cannot saturate.
+    y = torch.ops.quantized.linear_dynamic(torch.cat([rows / row_max, pin]), packed, True)[:-1]
+    y = y * row_max
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], out_features)
 
 
 def int8_linear(
@@ -52,10 +87,14 @@ class Linear(torch.nn.Module):
         super().__init__()
         self.mode = mode
         self.out_features, self.in_features = weight.shape
+        self.packed = None
         if mode == "int8":
-            qweight, scale = quantize_weight(weight)
-            self.register_buffer("qweight", qweight)
-            self.register_buffer("w_scale", scale)
+            if fbgemm_available() and self.in_features >= 2:
+                self.packed = pack_fbgemm(weight)
+            else:
+                qweight, scale = quantize_weight(weight)
+                self.register_buffer("qweight", qweight)
+                self.register_buffer("w_scale", scale)
             self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32).contiguous())
         elif mode in ("float", "rowwise"):
             self.register_buffer("weight", weight.detach().to(dtype).contiguous())
@@ -65,6 +104,8 @@ class Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "int8":
+            if self.packed is not None:
+                return fbgemm_linear(x, self.packed, self.out_features, self.bias)
             return int8_linear(x, self.qweight, self.w_scale, self.bias)
         if self.mode == "rowwise" and x.shape[0] > 1:
             return torch.cat([F.linear(x[i : i + 1], self.weight, self.bias) for i in range(x.shape[0])])
