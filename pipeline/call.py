@@ -300,6 +300,8 @@ class Call:
         started, whatever happens (error, cancellation, hang-up)."""
         self.report = CallReport.from_config(self.call_id, self.config)
         self.mqtt = MqttPublisher.from_config(self.config.mqtt) if self._mqtt_arg is _DEFAULT else self._mqtt_arg
+        if self.mqtt is not None:
+            self.mqtt.start()  # connect while the caller speaks, not at the end of the first turn
         self._turn_done = asyncio.Event()
         if self.sink is not None:
             self.sink.on_audio_out = self._on_audio_out
