@@ -15,7 +15,8 @@ everything queued (barge-in). `on_audio_out(t)` is called as audio frames actual
 Implementations here need no device: `PushSource` (a live "microphone" fed by code, pacing
 silence between pushes in real time) and `PacedSink` (plays in real time into a
 recording, so tests and the benchmark can see exactly what went out when). The
-telephony ones live in `pipeline.telephony`; the sound-device ones in `pipeline.mic`.
+telephony ones live in `pipeline.telephony`; the sound-device ones in
+demo/commands/mic.py (`specvoice mic`).
 """
 
 from __future__ import annotations
