@@ -91,6 +91,11 @@ class FirstSentenceClock:
         if self.first_sentence is None and text and self.splitter.feed(text):
             self.first_sentence = now - self.t0
 
+    def end(self, now: float) -> None:
+        """A one-sentence answer is complete when the stream ends (the pipeline flushes it)."""
+        if self.first_sentence is None and self.splitter.flush():
+            self.first_sentence = now - self.t0
+
 
 def run_ours(engine, prompt, max_new, system_ids) -> Run:
     from llm.types import SamplingParams
@@ -105,6 +110,7 @@ def run_ours(engine, prompt, max_new, system_ids) -> Run:
         ids.extend(g.token_ids)
         times.extend([now] * len(g.token_ids))
         clock.feed(g.text, len(g.token_ids), now)
+    clock.end(time.perf_counter())
     s = conv.last_stats
     return Run(ids, clock.first_token or 0.0, clock.first_sentence, time.perf_counter() - t0, s.passes, s.drafted, s.accepted, times)
 
@@ -141,6 +147,7 @@ def run_hf(model, tokenizer, prompt, max_new, assistant=None) -> Run:
     with torch.inference_mode():
         out = model.generate(torch.tensor([prompt]), **kwargs)
     total = time.perf_counter() - t0
+    clock.end(time.perf_counter())
     gen_ids = out[0, len(prompt):].tolist()
     passes = puts[0] - 1
     return Run(gen_ids, clock.first_token or 0.0, clock.first_sentence, total, passes, 0, 0, times)

@@ -150,7 +150,7 @@ def speculative_stream(
             if detok.stopped:
                 reason = "stop"
                 break
-            if len(produced) >= params.max_new_tokens or len(context) + len(produced) >= gen.max_context:
+            if len(produced) >= params.max_new_tokens or len(prompt) + len(produced) >= gen.max_context:
                 reason = "length"
                 break
         if reason in ("eos", "length"):

@@ -106,6 +106,10 @@ class ModelDrafter:
         self.tokens: list[int] = []  # tokens whose K/V are valid in the cache, in order
         self.generator = generator
         self.step_s = 0.0  # moving average of one single-token draft step
+        self.sync_s = 0.0  # time the last re-sync took (0 when it was a prompt-sized prefill)
+        # Re-syncing on a few tokens (the bonus token, n-gram drafts the model did not see)
+        # is part of what drafting costs; a prompt-sized catch-up is prefill, not counted.
+        self.max_catch_up = 16
 
     def _logits_after(self, context: list[int]) -> torch.Tensor:
         keep = common_prefix(self.tokens, context)
@@ -113,8 +117,7 @@ class ModelDrafter:
         todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
         t0 = time.perf_counter()
         logits = forward(self.model, self.cache, todo, keep, all_logits=False)[-1]
-        if len(todo) <= 2:
-            self._observe_step(time.perf_counter() - t0)
+        self.sync_s = time.perf_counter() - t0 if len(todo) <= self.max_catch_up else 0.0
         self.tokens = list(context)
         return logits
 
@@ -126,8 +129,6 @@ class ModelDrafter:
             return Proposal([], None, self.name, 0.0)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
-        # Catching up on many tokens (the prompt, or n-gram drafts the model never saw) is
-        # a one-off prefill, not the per-token cost that decides gamma: it is not counted.
         logits = self._logits_after(context)
         for i in range(k):
             if params.greedy:
@@ -149,7 +150,8 @@ class ModelDrafter:
             if probs.shape[1] < self.target_vocab:  # a draft with a smaller head proposes none of the rest
                 probs = torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[1]))
             probs = probs[:, : self.target_vocab]
-        return Proposal(tokens, probs, self.name, self.step_s * k)
+        cost = self.sync_s + self.step_s * (k - 1) if self.sync_s else self.step_s * k
+        return Proposal(tokens, probs, self.name, cost)
 
     def accepted(self, n: int) -> None:
         pass

@@ -62,7 +62,7 @@ class GammaController:
     fixed: int | None = None  # a fixed gamma turns adaptation off
     verify: CostModel = field(default_factory=CostModel)
     sources: dict[str, SourceStats] = field(default_factory=dict)
-    decay: float = 0.97
+    decay: float = 0.9  # acceptance follows the last dozen or so passes
     explore_every: int = 16
 
     def stats(self, source: str) -> SourceStats:
