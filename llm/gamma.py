@@ -37,23 +37,28 @@ def expected_tokens(a: float, g: int) -> float:
 
 @dataclass
 class CostModel:
-    """T(k): seconds for a target forward over k rows (k = 1 is a plain decode step)."""
+    """T(k) = step + per_extra_row * (k - 1): seconds for a target forward over k rows.
+
+    A line, not a table per k: every observation refines both parameters, so a gamma
+    that is not currently chosen still has an up-to-date cost. Observations are capped
+    at 1.5x the current estimate, so a spike from other work on a shared machine cannot
+    switch speculation off for good; real changes still come through, a step at a time.
+    """
 
     step_s: float = 0.1
     per_extra_row_s: float = 0.005
-    measured: dict[int, float] = field(default_factory=dict)
-    alpha: float = 0.25
+    alpha: float = 0.2
 
     def cost(self, rows: int) -> float:
-        if rows in self.measured:
-            return self.measured[rows]
         return self.step_s + self.per_extra_row_s * (rows - 1)
 
     def observe(self, rows: int, seconds: float) -> None:
-        old = self.measured.get(rows)
-        self.measured[rows] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        seconds = min(seconds, 1.5 * self.cost(rows))
         if rows == 1:
-            self.step_s = self.measured[1]
+            self.step_s += self.alpha * (seconds - self.step_s)
+        else:
+            slope = max(0.0, (seconds - self.step_s) / (rows - 1))
+            self.per_extra_row_s += self.alpha * (slope - self.per_extra_row_s)
 
 
 @dataclass
@@ -111,7 +116,10 @@ class GammaController:
         s.accepted = s.accepted * self.decay + accepted
         s.rejected = s.rejected * self.decay + (1 if accepted < drafted else 0)
         per_token = seconds / drafted
-        s.cost_per_token = per_token if s.cost_per_token == 0 else 0.75 * s.cost_per_token + 0.25 * per_token
+        if s.cost_per_token == 0:
+            s.cost_per_token = per_token
+        else:  # capped like the verify cost: one slow moment must not stop a drafter for good
+            s.cost_per_token += 0.25 * (min(per_token, 1.5 * s.cost_per_token) - s.cost_per_token)
 
     def observe_verify(self, rows: int, seconds: float) -> None:
         self.verify.observe(rows, seconds)
