@@ -12,11 +12,11 @@ the marker has *played* (False if it was cleared first): this is how the call le
 what the caller has actually heard, the same way Twilio's mark echo works. `clear()` drops
 everything queued (barge-in). `on_audio_out(t)` is called as audio frames actually go out.
 
-Implementations here need no device: `PushSource` (a live "microphone" fed by code, pacing
-silence between pushes in real time) and `PacedSink` (plays in real time into a
-recording, so tests and the benchmark can see exactly what went out when). The
-telephony ones live in `pipeline.telephony`; the sound-device ones in
-demo/commands/mic.py (`specvoice mic`).
+Implementations here need no device: `PushSource` (a live "microphone" fed by code,
+pacing silence between pushes in real time; `wav_source` says WAV files through one) and
+`PacedSink` (plays in real time into a `Recording`, which can be written as a WAV file, so
+tests and the benchmark see exactly what went out when). The telephony ones live in
+`pipeline.telephony`; the sound-device ones in demo/commands/mic.py (`specvoice mic`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from voice.audio import STT_RATE, resample, to_float32
 from voice.tts import AudioChunk
 
-__all__ = ["AudioFrame", "AudioSource", "AudioSink", "PushSource", "PacedSink", "FRAME_S"]
+__all__ = ["AudioFrame", "AudioSource", "AudioSink", "PushSource", "PacedSink", "Recording", "wav_source", "FRAME_S"]
 
 FRAME_S = 0.020  # 20 ms: a phone packet, and a fine grain for pacing
 
@@ -147,6 +147,23 @@ class PushSource:
                 await asyncio.sleep(0)
             yield AudioFrame(self._next_frame(), capture_t)
             k += 1
+
+
+def wav_source(paths: list[str | Path], gap_s: float = 3.0, lead_s: float = 0.5) -> PushSource:
+    """A real-time source that says WAV files one after another, `gap_s` of silence apart,
+    then ends (not a hang-up: the call answers the last line before it ends). For a call
+    that waits for each answer before the next line, push into a PushSource instead."""
+    from voice.wav import read_wav
+
+    source = PushSource()
+    source.push(np.zeros(int(lead_s * source.sample_rate), np.float32))
+    for i, path in enumerate(paths):
+        pcm, _ = read_wav(path, sample_rate=source.sample_rate)
+        source.push(pcm)
+        if i + 1 < len(paths):
+            source.push(np.zeros(int(gap_s * source.sample_rate), np.float32))
+    source.close()
+    return source
 
 
 # ---------------------------------------------------------------- PacedSink

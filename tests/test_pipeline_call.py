@@ -344,3 +344,39 @@ async def test_llm_raising_ends_turn_and_report_records_error(models, speech, tm
     assert "RuntimeError: model exploded" in turn["error"] and turn["finish_reason"] == "error"
     # What the model said before failing was still spoken.
     assert turn["agent_text"].startswith("Sure") and "first_audio_out" in turn["timeline"]
+
+
+def _speech_dir() -> Path:
+    import os
+
+    env = os.environ.get("SPECVOICE_SPEECH_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "speech"
+
+
+@needs_models
+async def test_wav_files_through_real_stt_make_turns(models, tmp_path):
+    """LJ Speech clips said by `wav_source` (real time), heard by the real endpointer and
+    Whisper; a stub LLM keeps it quick. The agent's reply is written out as a WAV file."""
+    from pipeline.io import wav_source
+
+    folder = _speech_dir()
+    if not (folder / "manifest.json").is_file():
+        pytest.skip(f"LJ Speech clips not found at {folder}")
+    clips = {c["file"]: c["transcript"] for c in json.loads((folder / "manifest.json").read_text())["clips"]}
+    names = ["LJ001-0002.wav", "LJ001-0008.wav"]
+    backend = SpyBackend()
+    sink = PacedSink()
+    call = Call(small_config(tmp_path), models, wav_source([folder / n for n in names], gap_s=1.5), sink,
+                backend=backend, call_id="call-wav")
+    await asyncio.wait_for(call.run(), 60)
+    assert backend.calls == 2 and len(call.turns) == 2
+    for name, turn in zip(names, call.turns):
+        want = {w.strip(",.").lower() for w in clips[name].split()}
+        got = {w.strip(",.").lower() for w in turn.user_text.split()}
+        assert len(want & got) >= len(want) // 2, (clips[name], turn.user_text)
+        assert turn.timeline.get("first_audio_out") is not None
+    out = sink.recording.write(tmp_path / "agent.wav", call.turns[0].timeline.get("speech_start"))
+    from voice.wav import read_wav
+
+    pcm, rate = read_wav(out, sample_rate=None)
+    assert rate == 16000 and np.abs(pcm).max() > 0.05

@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     if not logging.getLogger().isEnabledFor(logging.INFO):
-        # The bridge's websockets logger is pinned at INFO; keep the table readable.
+        # The bridge pins its websockets logger at INFO when imported; keep the table readable.
+        import demo.bridge  # noqa: F401
+
         logging.getLogger("demo.bridge.websockets").setLevel(logging.WARNING)
 
     def on_server_turn(call_id: str, entry: dict) -> None:
