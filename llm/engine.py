@@ -9,6 +9,13 @@ One engine serves many conversations (calls); a fair lock hands the model to one
 target pass at a time, so concurrent calls interleave pass by pass rather than one
 call holding it for a whole answer. The K/V of a shared prefix (the system prompt)
 is computed once and copied into each new conversation.
+
+Fixed width (`fixed_width=True`, the default on CUDA): every conversation's KV caches
+are static (preallocated to context + R, R = max_gamma + 1) and every target pass,
+decode or verify, runs R rows; the draft model runs 1 row per step (R for a catch-up).
+With `cuda_graphs=True` (the default on CUDA) those steps are captured once per
+conversation and replayed. On CPU the same fixed-width path runs eagerly (tests);
+the CPU default stays the variable-width int8 path.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from llm.detokenize import IncrementalDetokenizer
 from llm.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix
 from llm.gamma import GammaController
 from llm.loading import LoadedModel, check_tokenizers_match, load_model
+from llm.cuda_graphs import static_cache, synchronize
 from llm.model import forward, new_cache
+from llm.quant import Linear
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 log = logging.getLogger(__name__)
@@ -87,6 +96,9 @@ class SpeculativeEngine:
     step_costs: dict[str, float] = field(default_factory=dict)
     # What conversations learnt (acceptance per drafter, measured costs); new ones start from it.
     learned: GammaController | None = None
+    # Static caches and fixed-width (R-row) target passes; CUDA graphs of those steps.
+    fixed_width: bool = False
+    cuda_graphs: bool = False
 
     @classmethod
     def load(
@@ -100,11 +112,16 @@ class SpeculativeEngine:
         dtype: str = "auto",
         context_tokens: int = 4096,
         calibrate: bool = True,
+        fixed_width: bool | None = None,
+        cuda_graphs: bool | None = None,
     ) -> "SpeculativeEngine":
+        """fixed_width / cuda_graphs: None picks the device's default (both on for CUDA,
+        both off for CPU)."""
         if drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
         if isinstance(gamma, int) and gamma < 0:
             raise ValueError(f"gamma must be >= 0 or 'auto', got {gamma}")
+        fixed_width, cuda_graphs = fixed_width_options(device, fixed_width, cuda_graphs)
         target_m = load_model(target, device, dtype)
         draft_m = None
         if drafter in ("model", "hybrid"):
@@ -112,7 +129,14 @@ class SpeculativeEngine:
                 raise ValueError(f"drafter {drafter!r} needs a draft model (--draft); or use --drafter ngram")
             draft_m = load_model(draft, device, dtype)
             check_tokenizers_match(target_m, draft_m)
-        engine = cls(target_m, draft_m, drafter, gamma, max_gamma, min(context_tokens, target_m.model.args.max_position))
+        if fixed_width:
+            for m in (target_m, draft_m):
+                if m is not None:
+                    one_gemm(m.model)
+        engine = cls(
+            target_m, draft_m, drafter, gamma, max_gamma, min(context_tokens, target_m.model.args.max_position),
+            fixed_width=fixed_width, cuda_graphs=cuda_graphs,
+        )
         if calibrate and gamma == "auto" and drafter != "none":
             engine.calibrate()
         return engine
@@ -123,19 +147,27 @@ class SpeculativeEngine:
         the adaptive gamma before the first real pass has been timed."""
 
         def timed(model, rows: int) -> float:
-            cache = new_cache(model, context + rows)
+            if self.fixed_width:  # the step as conversations run it: static cache, fixed width
+                cache = static_cache(model, context + rows, (rows,), self.cuda_graphs)
+            else:
+                cache = new_cache(model, context + rows)
             ids = torch.arange(context + rows, device=model.device) % model.args.vocab_size
             with torch.inference_mode():
                 forward(model, cache, ids[:context], 0, all_logits=False)
                 best = float("inf")
-                for _ in range(2):
+                for _ in range(3):
+                    synchronize(model.device)
                     t0 = time.perf_counter()
                     forward(model, cache, ids[context:], context)
+                    synchronize(model.device)
                     best = min(best, time.perf_counter() - t0)
             return best
 
-        k = self.max_gamma + 1
-        costs = {"target_step": timed(self.target.model, 1), f"target_verify_{k}": timed(self.target.model, k)}
+        k = self.verify_width
+        # At fixed width a one-token pass runs all R rows too: it costs what a full verify costs.
+        verify = timed(self.target.model, k)
+        step = verify if self.fixed_width else timed(self.target.model, 1)
+        costs = {"target_step": step, f"target_verify_{k}": verify}
         if self.draft is not None:
             costs["draft_step"] = timed(self.draft.model, 1)
         self.step_costs = costs
@@ -151,7 +183,7 @@ class SpeculativeEngine:
             return c
         if self.step_costs:
             step = self.step_costs["target_step"]
-            k = self.max_gamma + 1
+            k = self.verify_width
             c.verify.step_s = step
             c.verify.per_extra_row_s = max(0.0, (self.step_costs.get(f"target_verify_{k}", step) - step) / max(k - 1, 1))
             if "draft_step" in self.step_costs:
@@ -159,6 +191,16 @@ class SpeculativeEngine:
         return c
 
     # ---- conversations -----------------------------------------------------------------
+    @property
+    def verify_width(self) -> int:
+        """R: rows of the widest target pass (pending token + max drafts)."""
+        fixed_gamma = self.gamma if isinstance(self.gamma, int) else 0
+        return max(self.max_gamma, fixed_gamma) + 1
+
+    def _static(self, model, widths: tuple[int, ...]):
+        # Room for the whole context plus one full-width pass started at its last position.
+        return static_cache(model, self.context_tokens + self.verify_width, widths, self.cuda_graphs)
+
     def new_conversation(self, seed: int | None = None) -> Conversation:
         drafters: list[Drafter] = []
         if self.drafter in ("ngram", "hybrid"):
@@ -169,7 +211,14 @@ class SpeculativeEngine:
             drafters.append(ModelDrafter(self.draft.model, self.target.model.args.vocab_size, gen))
         if self.gamma == 0:
             drafters = []
-        return Conversation(new_sequence(self.target.model), drafters, self._controller())
+        if not self.fixed_width:
+            return Conversation(new_sequence(self.target.model), drafters, self._controller())
+        r = self.verify_width
+        for d in drafters:
+            if isinstance(d, ModelDrafter):
+                # Draft steps run one row; a catch-up of up to R tokens runs one R-row step.
+                d.cache = self._static(d.model, (1, r))
+        return Conversation(Sequence(self._static(self.target.model, (r,))), drafters, self._controller())
 
     def warm_prefix(self, prompt: list[int]) -> None:
         """Compute and keep the K/V of a prefix (a system prompt) for all later conversations,
@@ -250,3 +299,27 @@ class SpeculativeEngine:
         groups = list(self.stream(prompt, params, conv))
         ids = [t for g in groups for t in g.token_ids]
         return ids, groups, conv.last_stats
+
+
+def fixed_width_options(device: str, fixed_width: bool | None, cuda_graphs: bool | None) -> tuple[bool, bool]:
+    """Resolve the fixed-width / CUDA-graph options for a device (None: the device's default)."""
+    on_cuda = str(device).startswith("cuda")
+    if fixed_width is None:
+        fixed_width = on_cuda
+    if cuda_graphs is None:
+        cuda_graphs = on_cuda and fixed_width
+    if cuda_graphs and not on_cuda:
+        raise ValueError(f"cuda_graphs needs device cuda (got {device!r}); on CPU use fixed_width without graphs")
+    if cuda_graphs and not fixed_width:
+        raise ValueError("cuda_graphs captures the fixed-width steps: it needs fixed_width=True")
+    return bool(fixed_width), bool(cuda_graphs)
+
+
+def one_gemm(model) -> None:
+    """Switch "rowwise" float linears to one GEMM per layer. At a fixed width a GEMM treats
+    every row alike, so row-at-a-time batch invariance is no longer needed (same weights)."""
+    for m in model.modules():
+        if isinstance(m, Linear) and m.mode == "rowwise":
+            m.mode = "float"
+    if model.mode == "rowwise":
+        model.mode = "float"

@@ -10,6 +10,19 @@ State is explicit: `forward(model, cache, tokens, start)` writes K/V for positio
 [start, start + len(tokens)) into `cache` and returns logits; rolling back is just
 calling the next forward with a smaller `start` (stale entries are never read: each
 query row attends to keys [0, its position]).
+
+Two ways to run a step:
+
+- eager, variable width (`forward` on an ordinary cache): attention one query row at a
+  time (`attend_rowwise`), so with batch-invariant linears (int8, rowwise) a k-row verify
+  is bitwise k one-row steps. The CPU default.
+- fixed width (`forward_fixed`, reached through `forward` when the cache is static and
+  carries fixed-width steps, see llm/cuda_graphs.py): every decode and verify pass runs
+  the same R rows over the whole preallocated cache, with a mask built from positions
+  (row i at position p sees keys [0, p]) and `start` as a tensor. Same shapes every
+  pass: a float GEMM treats each row identically whatever the other rows hold, so
+  greedy output is the same at gamma 0 and gamma k, and the step can be captured in a
+  CUDA graph. The GPU path.
 """
 
 from __future__ import annotations
@@ -130,12 +143,17 @@ class KVCache:
     """Per-layer K/V buffers of shape (kv_heads, capacity, head_dim) for one sequence.
 
     `length` is how many positions hold valid entries; rollback lowers it, and the
-    next forward overwrites from there. Capacity grows by doubling when needed.
+    next forward overwrites from there. Capacity grows by doubling when needed, except
+    for a static cache: preallocated to its full capacity, its buffers are never
+    replaced (a captured CUDA graph holds their addresses), and `steps` (a
+    llm.cuda_graphs.FixedSteps) runs short forwards over it at a fixed width.
     """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int = 0
+    static: bool = False
+    steps: object | None = None
 
     @property
     def capacity(self) -> int:
@@ -144,6 +162,8 @@ class KVCache:
     def ensure(self, needed: int, limit: int) -> None:
         if needed <= self.capacity:
             return
+        if self.static:
+            limit = min(limit, self.capacity)
         if needed > limit:
             raise ValueError(f"sequence of {needed} tokens exceeds the context limit of {limit}")
         new_cap = min(max(needed, 2 * self.capacity), limit)
@@ -163,11 +183,11 @@ class KVCache:
         self.length = n
 
 
-def new_cache(model: Transformer, capacity: int = 256) -> KVCache:
+def new_cache(model: Transformer, capacity: int = 256, static: bool = False) -> KVCache:
     a = model.args
     shape = (a.num_kv_heads, capacity, a.head_dim)
     make = lambda: [torch.zeros(shape, dtype=model.act_dtype, device=model.device) for _ in range(a.num_layers)]  # noqa: E731
-    return KVCache(keys=make(), values=make())
+    return KVCache(keys=make(), values=make(), static=static)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -211,6 +231,61 @@ def attend_rowwise(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, st
     return out.view(t, heads * d)
 
 
+def attend_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of T query rows over the whole static cache, on fixed shapes.
+
+    Row i (at positions[i]) sees keys [0, positions[i]]; everything after it (stale
+    entries of a rolled-back pass, padding rows' writes, zeros) gets probability exactly
+    0. Stale keys are never used (`where`, so even NaN keys are harmless); stale values
+    are multiplied by exact zeros, so they only need to be finite, which every written
+    entry is. q: (T, heads, d); keys/values: (kv_heads, capacity, d). Returns (T, heads * d).
+    """
+    t, heads, d = q.shape
+    kv_heads, capacity = keys.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    qg = q.view(t, kv_heads, group, d).permute(1, 0, 2, 3).reshape(kv_heads, t * group, d)
+    scores = torch.matmul(qg, keys.transpose(1, 2)) * scale  # (kv_heads, T * group, capacity)
+    visible = torch.arange(capacity, device=q.device)[None, :] <= positions[:, None]  # (T, capacity)
+    visible = visible.repeat_interleave(group, dim=0)
+    scores = torch.where(visible, scores.to(torch.float32), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    out = torch.matmul(probs, values)  # (kv_heads, T * group, d)
+    return out.view(kv_heads, t, group, d).permute(1, 0, 2, 3).reshape(t, heads * d)
+
+
+def forward_fixed(model: Transformer, cache: KVCache, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """One fixed-width step: `tokens` (W,) at positions start + [0, W); float32 logits (W, vocab).
+
+    `start` is a one-element long tensor on the model's device, so the step has no
+    Python value baked in and can be captured once and replayed at any position. K/V
+    of all W rows are written (rows past the valid length land beyond it and are
+    overwritten later); `cache.length` is left to the caller. Needs start + W <= capacity.
+    """
+    a = model.args
+    w = tokens.shape[0]
+    positions = start + torch.arange(w, device=tokens.device)
+    cos, sin = rope_tables(model, positions)
+    scale = 1.0 / math.sqrt(a.head_dim)
+    q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    x = F.embedding(tokens, model.embed)
+    for layer, blk in enumerate(model.blocks):
+        h = rms_norm(x, blk.input_norm, a.rms_norm_eps)
+        qkv = blk.qkv(h)
+        q = qkv[:, :q_size].view(w, a.num_heads, a.head_dim)
+        k = qkv[:, q_size : q_size + kv_size].view(w, a.num_kv_heads, a.head_dim)
+        v = qkv[:, q_size + kv_size :].view(w, a.num_kv_heads, a.head_dim)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys, values = cache.keys[layer], cache.values[layer]
+        keys.index_copy_(1, positions, k.transpose(0, 1))
+        values.index_copy_(1, positions, v.transpose(0, 1))
+        x = x + blk.o(attend_masked(q, keys, values, positions, scale))
+        h = rms_norm(x, blk.post_norm, a.rms_norm_eps)
+        gate, up = blk.gate_up(h).chunk(2, dim=-1)
+        x = x + blk.down(F.silu(gate) * up)
+    x = rms_norm(x, model.final_norm, a.rms_norm_eps)
+    return model.lm_head(x).to(torch.float32)
+
+
 def forward(
     model: Transformer,
     cache: KVCache,
@@ -222,9 +297,18 @@ def forward(
 
     all_logits=False returns only the last row's logits (a prefill needs no more, and
     the vocabulary head is the most expensive layer of a small model).
+
+    On a cache with fixed-width steps, up to their widest width of tokens run as one
+    padded fixed-width step (decode, verify, a draft's catch-up); longer inputs (a
+    prefill) run eagerly.
     """
     a = model.args
     t = tokens.shape[0]
+    steps = cache.steps
+    if steps is not None and t <= steps.max_width:
+        logits = steps.run(tokens, start)
+        cache.length = start + t
+        return logits if all_logits else logits[-1:]
     cache.ensure(start + t, a.max_position)
     positions = torch.arange(start, start + t, device=tokens.device)
     cos, sin = rope_tables(model, positions)
