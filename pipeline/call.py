@@ -314,7 +314,7 @@ class Call:
                 turns_task.result()  # it only ends early by failing
             input_task.result()
             if getattr(self.source, "hangup", False):
-                end_reason = "caller_hangup"
+                end_reason = getattr(self.source, "end_reason", None) or "caller_hangup"
                 if self._turn_task is not None:
                     self._turn_task.cancel()
                 self._utterances.put_nowait(None)
@@ -365,6 +365,8 @@ class Call:
         async for frame in self.source:
             for event in self.endpointer.feed(frame.pcm, frame.t):
                 await self._on_endpoint(event)
+        if getattr(self.source, "hangup", False):
+            return  # the caller is gone: nobody to answer a half-said utterance
         for event in self.endpointer.flush():
             await self._on_endpoint(event)
 
