@@ -141,6 +141,10 @@ class TelephonyCall:
         self._mark_waiters: dict[str, collections.deque[asyncio.Future]] = {}
         self._closed = False
         self._sender: asyncio.Task | None = None
+        # How the connection ended when the bridge ended it (idle_timeout, protocol_error,
+        # server_shutdown); None when the caller went away (stop or disconnect). The
+        # pipeline reads it when the inbound stream ends, for the call's report.
+        self.end_reason: str | None = None
 
     # ------------------------------------------------------------ inbound
 
@@ -396,6 +400,7 @@ class Bridge:
         self.calls: set[TelephonyCall] = set()
         self.calls_total = 0
         self.port: int | None = None
+        self._stopping = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -418,6 +423,7 @@ class Bridge:
     async def stop(self) -> None:
         if self._server is None:
             return
+        self._stopping = True
         self._server.close()
         await self._server.wait_closed()
         self._server = None
@@ -527,12 +533,14 @@ class Bridge:
                         raw = await ws.recv()
                 except TimeoutError:
                     log.warning("call %s: no message for %.1f s, closing", _sid(call, peer), self.config.idle_timeout_s)
+                    _ended(call, "idle_timeout")
                     await ws.close(1000, "idle timeout")
                     return
                 except ConnectionClosed:
                     return
                 if isinstance(raw, bytes):
                     log.warning("call %s: binary frame, closing (Twilio sends JSON text)", _sid(call, peer))
+                    _ended(call, "protocol_error")
                     await ws.close(1003, "text frames only")
                     return
                 try:
@@ -543,6 +551,7 @@ class Bridge:
                 except ProtocolError as exc:
                     code = 1007 if exc.kind in ("json", "base64") else 1008
                     log.warning("call %s: protocol error (%s): %s; closing %d", _sid(call, peer), exc.kind, exc, code)
+                    _ended(call, "protocol_error")
                     await ws.close(code, str(exc)[:120])
                     return
                 if isinstance(event, Connected):
@@ -566,6 +575,7 @@ class Bridge:
                     continue
                 if isinstance(event, Start):
                     log.warning("call %s: second start message, closing", call.stream_sid)
+                    _ended(call, "protocol_error")
                     await ws.close(1008, "second start")
                     return
                 call._deliver(event)
@@ -593,6 +603,8 @@ class Bridge:
         (write its report) after the inbound stream ended."""
         if call is None:
             return
+        if self._stopping:
+            _ended(call, "server_shutdown")
         try:
             call._end_inbound()
             if task is not None and not task.done():
@@ -611,6 +623,11 @@ class Bridge:
                 "call %s ended: %d media in, %d frames out, %d late, %d marks echoed",
                 call.stream_sid, s.media_received, s.frames_sent, s.late_frames, s.marks_echoed,
             )
+
+
+def _ended(call: TelephonyCall | None, reason: str) -> None:
+    if call is not None and call.end_reason is None:
+        call.end_reason = reason
 
 
 def _pick(value, config, name: str, default):

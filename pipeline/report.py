@@ -50,7 +50,8 @@ __all__ = [
 
 SCHEMA = "specvoice.call_report/1"
 END_REASONS = frozenset(
-    {"completed", "caller_hangup", "stop", "error", "idle_timeout", "server_shutdown", "cancelled"}
+    {"completed", "caller_hangup", "stop", "error", "idle_timeout", "server_shutdown", "cancelled",
+     "protocol_error"}
 )
 _MODEL_KEYS = ("llm_target", "llm_draft", "drafter", "stt", "tts")
 _ROUND = 6  # microseconds are plenty for latencies

@@ -47,6 +47,12 @@ class TelephonySource:
         self.dtmf: list[str] = []
         self._resampler = soxr.ResampleStream(PHONE_RATE, STT_RATE, 1, dtype="float32", quality="HQ")
 
+    @property
+    def end_reason(self) -> str | None:
+        """Set by the bridge when it ended the call (idle_timeout, protocol_error,
+        server_shutdown); None when the caller hung up."""
+        return getattr(self.call, "end_reason", None)
+
     def __aiter__(self) -> AsyncIterator[AudioFrame]:
         return self._frames()
 
