@@ -66,7 +66,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
 
-    on_call = make_call_handler(config)
+    from pipeline.models import ModelNotFoundError
+
+    try:
+        on_call = make_call_handler(config)  # loads the models now: a missing one is a one-line error
+    except (ModelNotFoundError, OSError, RuntimeError, ValueError, ImportError) as exc:
+        print(f"specvoice serve: cannot load the models: {exc}", file=sys.stderr)
+        return 2
     bridge = Bridge(bridge_config, on_call, tokens, insecure=args.insecure)
 
     async def main() -> None:
