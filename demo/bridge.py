@@ -536,7 +536,12 @@ class Bridge:
                     _ended(call, "idle_timeout")
                     await ws.close(1000, "idle timeout")
                     return
-                except ConnectionClosed:
+                except ConnectionClosed as exc:
+                    if exc.sent is not None and exc.sent.code not in (1000, 1001):
+                        # We closed it (e.g. 1009: a message over max_message_bytes): say why.
+                        log.warning("call %s: connection closed with %d (%s)", _sid(call, peer), exc.sent.code,
+                                    exc.sent.reason or "protocol error")
+                        _ended(call, "protocol_error")
                     return
                 if isinstance(raw, bytes):
                     log.warning("call %s: binary frame, closing (Twilio sends JSON text)", _sid(call, peer))
