@@ -220,7 +220,7 @@ def write_report(report: CallReport | dict[str, Any], directory: str | os.PathLi
         raise ReportError(f"refusing to write a report without schema {SCHEMA!r}")
     folder = Path(directory).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    path = (folder / report_filename(str(data["call_id"]))).resolve()
+    path = _free_path(folder, report_filename(str(data["call_id"])), data)
     if path.parent != folder:  # belt and braces: the name is already sanitised
         raise ReportError(f"report path {path} escapes the report folder {folder}")
     text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
@@ -239,6 +239,27 @@ def write_report(report: CallReport | dict[str, Any], directory: str | os.PathLi
         raise
     _fsync_dir(folder)  # make the rename itself durable
     return path
+
+
+def _free_path(folder: Path, name: str, data: dict[str, Any]) -> Path:
+    """`folder/name`, unless it holds another call's report (a call id reused by a client,
+    or by a second bridge): then `stem-2.json`, `stem-3.json`... A report is never
+    overwritten by a different call's; rewriting the same call's report replaces it."""
+    stem = name[: -len(".json")]
+    path, n = (folder / name).resolve(), 1
+    while path.exists() and not _same_call(path, data):
+        n += 1
+        path = (folder / f"{stem}-{n}.json").resolve()
+    return path
+
+
+def _same_call(path: Path, data: dict[str, Any]) -> bool:
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(old, dict) and old.get("call_id") == data.get("call_id") \
+        and old.get("started_at") == data.get("started_at")
 
 
 def _fsync_dir(folder: Path) -> None:
