@@ -1,0 +1,451 @@
+"""`specvoice bench load`: N simulated phone callers at once against one bridge (a benchmark, not a test).
+
+Also `--soak SECONDS`: calls placed back to back for that long, with memory, open file
+descriptors and threads sampled throughout (steady memory = an RSS slope near zero).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import os
+import platform
+import re
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "N simulated callers at once against one bridge; --soak for a long run of repeated calls"
+DESCRIPTION = """\
+Starts the telephony bridge on 127.0.0.1 (bearer token, bridge.max_calls = N) with the
+agent behind it, and dials N simulated callers at once (the same wire protocol, pacing
+and codec as Twilio: demo.caller.SimulatedCaller), each a multi-turn scripted call
+spoken by Piper. One more caller than the limit dials while they talk: it must be
+refused at the handshake (HTTP 503), never half-served. Every level is bounded in time
+(--level-timeout) and ends by itself.
+
+Per N: calls completed (every turn answered and the report written), turns answered,
+audio frames sent (caller -> agent) and received (agent -> caller), late frames
+(outbound gaps over 40 ms, counted by the bridge), p50/p95 voice_to_voice (server
+report and caller side), peak RSS, and whether any call's answers mixed with another's:
+each caller gives a distinct name and the report of its call must hold that name and
+no other caller's. "Held" means every call complete, nothing mixed, the extra caller
+refused, and p95 voice_to_voice at most 2x the single-call figure.
+
+The default LLM is SmolLM2-135M (int8, n-gram drafter) with Whisper tiny.en and Piper,
+one thread each: the embedded default 1.5B/0.5B pair answers one call at a time on 2
+cores. Pass --config to load another setup as is (e.g. --config default).
+
+  specvoice bench load --calls 1 2 4 6 --out load.json
+  specvoice bench load --soak 900 --out soak.json       # 15 minutes of repeated calls
+"""
+
+NAMES = ["Alice", "Robert", "Maria", "David", "Sarah", "James", "Emma", "Thomas", "Laura", "Peter", "Anna",
+         "Daniel", "Julia", "Henry", "Olivia", "George"]
+SECOND = ["How much does a cleaning cost?", "What are your opening hours on Saturday?",
+          "Where are you located?", "Which dentists work there?"]
+SMALL = "smollm2-135m-instruct"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calls", type=int, nargs="+", default=[1, 2, 4], help="concurrent calls per level (default: 1 2 4)")
+    parser.add_argument("--turns", type=int, default=2, help="caller lines per call (default 2)")
+    parser.add_argument("--config", help="config name or TOML file, used as is (default: SmolLM2 + whisper-tiny.en)")
+    parser.add_argument("--threads", type=int, default=1, help="threads for torch, Whisper and Piper each (default 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=40, help="LLM answer length cap (default 40)")
+    parser.add_argument("--extra", type=int, default=1, help="callers over the limit that must get 503 (default 1)")
+    parser.add_argument("--level-timeout", type=float, default=300.0, help="seconds per level before giving up")
+    parser.add_argument("--soak", type=float, metavar="SECONDS", help="repeat calls for this long instead of levels")
+    parser.add_argument("--sample-s", type=float, default=5.0, help="soak: seconds between resource samples")
+    parser.add_argument("--reports", type=Path, help="keep the call reports here (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+
+
+# ---------------------------------------------------------------- set-up
+
+
+def load_bench_config(args: argparse.Namespace, report_dir: Path):
+    from pipeline.config import load_config
+
+    if args.config:
+        cfg = load_config(args.config)
+    else:
+        cfg = load_config("test")
+        cfg = cfg.model_copy(update={
+            "llm": cfg.llm.model_copy(update={"target": SMALL, "draft": None, "drafter": "ngram", "dtype": "int8",
+                                              "gamma": 4, "temperature": 0.0, "threads": args.threads}),
+            "stt": cfg.stt.model_copy(update={"model": "whisper-tiny.en"}),
+        })
+    return cfg.model_copy(update={
+        "llm": cfg.llm.model_copy(update={"max_new_tokens": args.max_new_tokens}),
+        "report": cfg.report.model_copy(update={"dir": str(report_dir)}),
+        "mqtt": cfg.mqtt.model_copy(update={"enabled": False}),
+    })
+
+
+def script_for(index: int, turns: int) -> list[str]:
+    name = NAMES[index % len(NAMES)]
+    lines = [f"Hi, my name is {name}. Are you open on Saturday?"]
+    for t in range(1, turns):
+        lines.append(SECOND[(index + t) % len(SECOND)] if t % 2 else "Can you tell me my name, please?")
+    return lines
+
+
+class Sampler:
+    """RSS (MB), open file descriptors and threads of this process, every `period` s."""
+
+    def __init__(self, period: float):
+        import psutil
+
+        self.proc = psutil.Process()
+        self.period = period
+        self.samples: list[tuple[float, float, int, int]] = []  # (t, rss MB, fds, threads)
+        self.peak_mb = 0.0
+        self._task: asyncio.Task | None = None
+
+    def sample(self) -> tuple[float, float, int, int]:
+        rss = self.proc.memory_info().rss / 2 ** 20
+        self.peak_mb = max(self.peak_mb, rss)
+        s = (time.monotonic(), rss, self.proc.num_fds(), self.proc.num_threads())
+        self.samples.append(s)
+        return s
+
+    async def _loop(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self.period)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.sample()
+
+
+def slope_per_min(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (t seconds, y) in y per minute."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    return 60.0 * sum((t - mt) * (y - my) for t, y in points) / var
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    from pipeline.report import percentile
+
+    return percentile(values, q) if values else None
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in re.findall(r"[A-Za-z]+", text or "")}
+
+
+# ---------------------------------------------------------------- one level
+
+
+async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.Namespace, sampler: Sampler,
+                    first_index: int = 0) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    from demo.auth import BridgeTokens
+    from demo.bridge import Bridge
+    from demo.caller import SimulatedCaller
+    from pipeline.report import load_report
+    from pipeline.telephony import make_call_handler
+
+    token = secrets.token_urlsafe(24)
+    handler = make_call_handler(cfg, models, report_dir=cfg.report.dir, greeting=False)
+    wire_calls: list = []
+
+    async def on_call(call) -> None:
+        wire_calls.append(call)
+        await handler(call)
+
+    bridge = Bridge(cfg.bridge.model_copy(update={"host": "127.0.0.1", "port": 0, "max_calls": n}), on_call,
+                    BridgeTokens.of(bearer_token=token))
+    port = await bridge.start()
+    url = f"ws://127.0.0.1:{port}/media-stream"
+    callers = [SimulatedCaller(url, lines_by_caller[first_index + i], token=token, expect_greeting=False,
+                               silence_s=1.0, reply_timeout_s=min(90.0, args.level_timeout))
+               for i in range(n)]
+    peak0 = sampler.peak_mb
+    sampler.peak_mb = 0.0
+    t0 = time.monotonic()
+    tasks = [asyncio.create_task(c.run()) for c in callers]
+    refused: list[int | str] = []
+    try:
+        # Once all N are in, the extra callers must be turned away at the handshake.
+        deadline = time.monotonic() + 30
+        while bridge.active_calls < n and time.monotonic() < deadline and not all(t.done() for t in tasks):
+            await asyncio.sleep(0.05)
+        for _ in range(args.extra):
+            try:
+                async with connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10):
+                    refused.append("accepted")
+            except InvalidStatus as exc:
+                refused.append(exc.response.status_code)
+            except Exception as exc:  # noqa: BLE001 - recorded, not fatal to the benchmark
+                refused.append(type(exc).__name__)
+        done, pending = await asyncio.wait(tasks, timeout=args.level_timeout)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        # Reports are written when the bridge's call ends (end_grace_s after the hang-up).
+        deadline = time.monotonic() + cfg.bridge.end_grace_s + 10
+        while time.monotonic() < deadline and (len(handler.calls) < n or
+                                               not all(c.report_path for c in handler.calls)):
+            await asyncio.sleep(0.05)
+    finally:
+        await bridge.stop()
+    wall = time.monotonic() - t0
+    sampler.sample()
+
+    reports = {}
+    for call in handler.calls:
+        if call.report_path:
+            data = load_report(call.report_path)
+            reports[data["call_id"]] = data
+    names = [NAMES[(first_index + i) % len(NAMES)] for i in range(n)]
+    completed = turns_answered = frames_out = frames_in = mixed = reports_missing = 0
+    v2v_server: list[float] = []
+    v2v_caller: list[float] = []
+    name_heard = 0
+    failures: list[str] = []
+    for i, (caller, task) in enumerate(zip(callers, tasks)):
+        result = caller.result
+        frames_out += len(result.caller_track) // 160  # one media message per 20 ms
+        frames_in += result.media_in
+        answered = [t for t in result.turns if t.first_agent_audio_t is not None]
+        turns_answered += len(answered)
+        v2v_caller += [t.voice_to_voice for t in answered]
+        data = reports.get(result.call_sid)
+        if data is None:
+            reports_missing += 1
+            failures.append(f"caller {i}: no report")
+            continue
+        text_of = lambda key: " ".join(t.get(key) or "" for t in data["turns"])  # noqa: E731
+        own = names[i].lower()
+        words = _words(text_of("user_text")) | _words(text_of("agent_text"))
+        others = {m.lower() for m in names if m.lower() != own}
+        if words & others or result.bad_messages:
+            mixed += 1
+            failures.append(f"caller {i} ({names[i]}): foreign names {sorted(words & others)} "
+                            f"or bad messages {result.bad_messages[:2]}")
+        if own in _words(text_of("user_text")):
+            name_heard += 1
+        v2v_server += [t["metrics"]["voice_to_voice"] for t in data["turns"]
+                       if t["metrics"].get("voice_to_voice") is not None]
+        ok = (task.done() and not task.cancelled() and task.exception() is None
+              and len(answered) == len(caller.lines) and len(data["turns"]) == len(caller.lines)
+              and data["end_reason"] == "caller_hangup" and not data.get("error"))
+        if ok:
+            completed += 1
+        else:
+            exc = task.exception() if task.done() and not task.cancelled() else None
+            failures.append(f"caller {i}: {len(answered)}/{len(caller.lines)} answered, report "
+                            f"{len(data['turns'])} turns, end {data['end_reason']}, error {data.get('error')}, "
+                            f"task {'timeout' if not task.done() or task.cancelled() else exc!r}")
+    late = sum(c.stats.late_frames for c in wire_calls)
+    sent_by_bridge = sum(c.stats.frames_sent for c in wire_calls)
+    peak = sampler.peak_mb  # this level's peak
+    sampler.peak_mb = max(peak0, peak)
+    return {
+        "calls": n,
+        "completed": completed,
+        "turns": n * args.turns,
+        "turns_answered": turns_answered,
+        "frames_sent_by_callers": frames_out,
+        "frames_received_by_callers": frames_in,
+        "frames_sent_by_bridge": sent_by_bridge,
+        "late_frames": late,
+        "max_gap_ms": round(max([c.stats.max_gap_s for c in wire_calls] or [0.0]) * 1000, 1),
+        "inbound_dropped": sum(c.stats.inbound_dropped for c in wire_calls),
+        "v2v_p50_s": _pct(v2v_server, 0.5),
+        "v2v_p95_s": _pct(v2v_server, 0.95),
+        "v2v_caller_p50_s": _pct(v2v_caller, 0.5),
+        "v2v_caller_p95_s": _pct(v2v_caller, 0.95),
+        "peak_rss_mb": round(peak, 1),
+        "mixed": mixed,
+        "own_name_in_transcript": name_heard,
+        "reports_missing": reports_missing,
+        "extra_refused": refused,
+        "wall_s": round(wall, 1),
+        "failures": failures,
+    }
+
+
+# ---------------------------------------------------------------- output
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def print_table(levels: list[dict]) -> None:
+    head = (f"{'N':>3} {'done':>5} {'turns':>7} {'frames out':>10} {'frames in':>9} {'late':>5} "
+            f"{'v2v p50':>8} {'v2v p95':>8} {'caller p95':>10} {'peak RSS':>9} {'mixed':>5} {'extra':>8} held")
+    print(head)
+    print("-" * len(head))
+    for lv in levels:
+        extra = ",".join(str(x) for x in lv["extra_refused"]) or "-"
+        print(f"{lv['calls']:>3} {lv['completed']:>2}/{lv['calls']:<2} {lv['turns_answered']:>3}/{lv['turns']:<3} "
+              f"{lv['frames_sent_by_callers']:>10} {lv['frames_received_by_callers']:>9} {lv['late_frames']:>5} "
+              f"{_ms(lv['v2v_p50_s']):>8} {_ms(lv['v2v_p95_s']):>8} {_ms(lv['v2v_caller_p95_s']):>10} "
+              f"{lv['peak_rss_mb']:>7.0f}MB {lv['mixed']:>5} {extra:>8} {'yes' if lv.get('held') else 'no'}")
+    print("(v2v in ms: server report p50/p95, caller side p95; late = outbound gaps > 40 ms; "
+          "extra = HTTP status of the callers over the limit)")
+
+
+def judge(levels: list[dict]) -> int | None:
+    base = next((lv for lv in levels if lv["calls"] == 1), None)
+    limit = 2 * base["v2v_p95_s"] if base and base["v2v_p95_s"] else None
+    best = None
+    for lv in levels:
+        lv["held"] = bool(lv["completed"] == lv["calls"] and lv["mixed"] == 0 and not lv["reports_missing"]
+                          and all(x == 503 for x in lv["extra_refused"])
+                          and limit is not None and lv["v2v_p95_s"] is not None and lv["v2v_p95_s"] <= limit)
+        if lv["held"]:
+            best = max(best or 0, lv["calls"])
+    return best
+
+
+# ---------------------------------------------------------------- soak
+
+
+async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str, Any]:
+    concurrency = args.calls[0]
+    end = time.monotonic() + args.soak
+    rounds: list[dict] = []
+    warm_t = None
+    index = 0
+    while time.monotonic() < end:
+        lv = await run_level(cfg, models, lines_by_caller, concurrency, args, sampler,
+                             first_index=index % len(lines_by_caller))
+        index += concurrency
+        gc.collect()
+        sampler.sample()
+        if warm_t is None:
+            warm_t = time.monotonic()  # after one round: caches, pools and allocator arenas are warm
+        rounds.append({k: lv[k] for k in ("completed", "calls", "turns_answered", "turns", "mixed", "late_frames",
+                                          "v2v_p50_s", "v2v_p95_s", "reports_missing", "extra_refused", "failures")})
+        print(f"  soak round {len(rounds)}: {lv['completed']}/{lv['calls']} complete, "
+              f"v2v p95 {_ms(lv['v2v_p95_s'])} ms, RSS {sampler.samples[-1][1]:.0f} MB, "
+              f"fds {sampler.samples[-1][2]}, threads {sampler.samples[-1][3]}", flush=True)
+    after = [s for s in sampler.samples if warm_t is not None and s[0] >= warm_t]
+    t_base = after[0][0] if after else 0.0
+    first, last = (after[0], after[-1]) if after else (None, None)
+    calls = sum(r["calls"] for r in rounds)
+    return {
+        "seconds": args.soak,
+        "concurrency": concurrency,
+        "rounds": len(rounds),
+        "calls": calls,
+        "completed": sum(r["completed"] for r in rounds),
+        "turns_answered": sum(r["turns_answered"] for r in rounds),
+        "turns": sum(r["turns"] for r in rounds),
+        "mixed": sum(r["mixed"] for r in rounds),
+        "reports_lost": sum(r["reports_missing"] for r in rounds),
+        "late_frames": sum(r["late_frames"] for r in rounds),
+        "rss_slope_mb_per_min": slope_per_min([(t - t_base, rss) for t, rss, _, _ in after]),
+        "fds_slope_per_min": slope_per_min([(t - t_base, fds) for t, _, fds, _ in after]),
+        "threads_slope_per_min": slope_per_min([(t - t_base, th) for t, _, _, th in after]),
+        "rss_mb_first_last": [round(first[1], 1), round(last[1], 1)] if first else None,
+        "fds_first_last_max": [first[2], last[2], max(s[2] for s in after)] if first else None,
+        "threads_first_last_max": [first[3], last[3], max(s[3] for s in after)] if first else None,
+        "samples": [[round(t - t_base, 1), round(rss, 1), fds, th] for t, rss, fds, th in after],
+        "rounds_detail": rounds,
+    }
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.models import ModelNotFoundError
+
+    logging.getLogger("demo.bridge").setLevel(logging.WARNING)
+    logging.getLogger("demo.bridge.websockets").setLevel(logging.WARNING)
+    report_dir = args.reports or Path(tempfile.mkdtemp(prefix="specvoice-load-"))
+    cfg = load_bench_config(args, report_dir)
+    levels_n = sorted(set(args.calls))
+    if min(levels_n) < 1 or args.turns < 1:
+        print("specvoice bench load: --calls and --turns must be >= 1", file=sys.stderr)
+        return 2
+    t = time.perf_counter()
+    try:
+        from demo.caller import prepare_lines
+        from pipeline.agent import AgentModels
+
+        models = AgentModels.load(cfg, threads=args.threads)
+    except (ModelNotFoundError, OSError, RuntimeError, ValueError) as exc:
+        print(f"specvoice bench load: cannot load the models: {exc}", file=sys.stderr)
+        return 2
+    load_s = time.perf_counter() - t
+    most = max(levels_n) if not args.soak else max(levels_n[0] * 2, len(NAMES))
+    lines_by_caller = [prepare_lines([{"text": x} for x in script_for(i, args.turns)], models.tts)
+                       for i in range(min(most, len(NAMES)))]
+    lines_by_caller = [lines_by_caller[i % len(lines_by_caller)] for i in range(max(most, len(lines_by_caller)))]
+    print(f"models loaded in {load_s:.1f} s: LLM {cfg.llm.target} ({cfg.llm.dtype}, drafter {cfg.llm.drafter}), "
+          f"STT {cfg.stt.model}, TTS {cfg.tts.voice}; {args.threads} thread(s) each; reports in {report_dir}",
+          flush=True)
+
+    async def main() -> dict[str, Any]:
+        sampler = Sampler(args.sample_s if args.soak else 0.5)
+        sampler.start()
+        try:
+            if args.soak:
+                return {"soak": await soak(cfg, models, lines_by_caller, args, sampler)}
+            levels = []
+            for n in levels_n:
+                print(f"level N={n}: {n} callers x {args.turns} turns ...", flush=True)
+                lv = await run_level(cfg, models, lines_by_caller, n, args, sampler)
+                levels.append(lv)
+                for f in lv["failures"][:5]:
+                    print(f"  {f}", flush=True)
+            return {"levels": levels, "largest_n_held": judge(levels)}
+        finally:
+            await sampler.stop()
+
+    result = asyncio.run(main())
+    meta = {
+        "bench": "load",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "llm": {"target": cfg.llm.target, "draft": cfg.llm.draft, "drafter": cfg.llm.drafter, "dtype": cfg.llm.dtype,
+                "max_new_tokens": cfg.llm.max_new_tokens},
+        "stt": cfg.stt.model, "tts": cfg.tts.voice, "threads": args.threads, "turns_per_call": args.turns,
+        "config": args.config or "built-in small (SmolLM2-135M int8 + whisper-tiny.en + Piper)",
+        "models_load_s": round(load_s, 1),
+    }
+    out = {**meta, **result}
+    if "levels" in result:
+        print()
+        print_table(result["levels"])
+        held = result["largest_n_held"]
+        print(f"\nlargest N held (all complete, none mixed, extra refused 503, p95 v2v <= 2x single call): {held}")
+    else:
+        s = result["soak"]
+        print(f"\nsoak {s['seconds']:.0f} s: {s['completed']}/{s['calls']} calls complete, "
+              f"{s['turns_answered']}/{s['turns']} turns, mixed {s['mixed']}, reports lost {s['reports_lost']}")
+        slope = s["rss_slope_mb_per_min"]
+        print(f"RSS slope {slope if slope is None else round(slope, 3)} MB/min (first/last {s['rss_mb_first_last']} MB); "
+              f"fds first/last/max {s['fds_first_last_max']}; threads first/last/max {s['threads_first_last_max']}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
