@@ -135,7 +135,7 @@ def hf_from_weights(config, weights: dict, device):
         hf.lm_head.weight = hf.model.embed_tokens.weight
     # Non-persistent buffers (RoPE frequencies) were made on meta: rebuild them on the device.
     with torch.device(device):
-        hf.model.rotary_emb = type(hf.model.rotary_emb)(config)
+        hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)
     left = [n for n, t in list(hf.named_parameters()) + list(hf.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError(f"tensors left on the meta device: {left[:5]}")

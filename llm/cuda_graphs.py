@@ -45,11 +45,12 @@ class FixedStep:
         # warm-up runs write the K/V of the current (already filled) inputs: the same
         # values the replay writes right after.
         side = torch.cuda.Stream(self.model.device)
-        side.wait_stream(torch.cuda.current_stream())
+        main = torch.cuda.current_stream(self.model.device)
+        side.wait_stream(main)
         with torch.cuda.stream(side):
             for _ in range(2):
                 forward_fixed(self.model, self.cache, self.tokens, self.start)
-        torch.cuda.current_stream().wait_stream(side)
+        main.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: a call served from a worker thread may capture while another thread works.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):

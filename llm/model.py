@@ -246,7 +246,7 @@ def attend_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     qg = q.view(t, kv_heads, group, d).permute(1, 0, 2, 3).reshape(kv_heads, t * group, d)
     scores = torch.matmul(qg, keys.transpose(1, 2)) * scale  # (kv_heads, T * group, capacity)
     visible = torch.arange(capacity, device=q.device)[None, :] <= positions[:, None]  # (T, capacity)
-    visible = visible.repeat_interleave(group, dim=0)
+    visible = visible[:, None, :].expand(t, group, capacity).reshape(t * group, capacity)  # no host sync
     scores = torch.where(visible, scores.to(torch.float32), float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
     out = torch.matmul(probs, values)  # (kv_heads, T * group, d)
