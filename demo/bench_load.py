@@ -180,7 +180,7 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
                     BridgeTokens.of(bearer_token=token))
     port = await bridge.start()
     url = f"ws://127.0.0.1:{port}/media-stream"
-    callers = [SimulatedCaller(url, lines_by_caller[first_index + i], token=token, expect_greeting=False,
+    callers = [SimulatedCaller(url, lines_by_caller[(first_index + i) % len(lines_by_caller)], token=token, expect_greeting=False,
                                silence_s=1.0, reply_timeout_s=min(90.0, args.level_timeout))
                for i in range(n)]
     peak0 = sampler.peak_mb

@@ -302,7 +302,8 @@ def test_renderer_survives_structurally_broken_reports(data, value, delete):
 def test_report_filenames_safe_and_distinct(a, b):
     fa, fb = report_filename(a), report_filename(b)
     for name in (fa, fb):
-        assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.json", name), name
+        # The documented contract: [A-Za-z0-9_.-] only, no leading dot, no "..".
+        assert re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*\.json", name), name
         assert ".." not in name and len(name) <= 120
     if a != b:
         assert fa != fb
