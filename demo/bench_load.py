@@ -378,6 +378,8 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
 def run(args: argparse.Namespace) -> int:
     from pipeline.models import ModelNotFoundError
 
+    import demo.bridge  # noqa: F401 - pins its websockets logger at INFO on import; quieter here
+
     logging.getLogger("demo.bridge").setLevel(logging.WARNING)
     logging.getLogger("demo.bridge.websockets").setLevel(logging.WARNING)
     report_dir = args.reports or Path(tempfile.mkdtemp(prefix="specvoice-load-"))
