@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from llm.cuda_graphs import synchronize
 from llm.model import KVCache, Transformer, forward, new_cache
 from llm.sampling import warp
 from llm.types import SamplingParams
@@ -117,6 +118,7 @@ class ModelDrafter:
         todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
         t0 = time.perf_counter()
         logits = forward(self.model, self.cache, todo, keep, all_logits=False)[-1]
+        synchronize(self.model.device)  # on CUDA the clock must wait for the kernels
         self.sync_s = time.perf_counter() - t0 if len(todo) <= self.max_catch_up else 0.0
         self.tokens = list(context)
         return logits
@@ -142,6 +144,7 @@ class ModelDrafter:
                 pos = len(self.tokens)
                 t0 = time.perf_counter()
                 logits = forward(self.model, self.cache, torch.tensor([token], device=self.model.device), pos)[-1]
+                synchronize(self.model.device)
                 self._observe_step(time.perf_counter() - t0)
                 self.tokens.append(token)
         probs = None
