@@ -253,6 +253,30 @@ def attend_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     return out.view(kv_heads, t, group, d).permute(1, 0, 2, 3).reshape(t, heads * d)
 
 
+def run_blocks(model: Transformer, cache: KVCache, x: torch.Tensor, cos, sin, store, attend) -> torch.Tensor:
+    """The decoder layers over hidden states x (T, hidden), shared by both forwards.
+
+    `store(keys, values, k, v)` writes this pass's K/V (kv_heads, T, d) into a layer's
+    cache; `attend(q, keys, values)` is the attention over that cache."""
+    a = model.args
+    t = x.shape[0]
+    q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    for layer, blk in enumerate(model.blocks):
+        h = rms_norm(x, blk.input_norm, a.rms_norm_eps)
+        qkv = blk.qkv(h)
+        q = qkv[:, :q_size].view(t, a.num_heads, a.head_dim)
+        k = qkv[:, q_size : q_size + kv_size].view(t, a.num_kv_heads, a.head_dim)
+        v = qkv[:, q_size + kv_size :].view(t, a.num_kv_heads, a.head_dim)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys, values = cache.keys[layer], cache.values[layer]
+        store(keys, values, k.transpose(0, 1), v.transpose(0, 1))
+        x = x + blk.o(attend(q, keys, values))
+        h = rms_norm(x, blk.post_norm, a.rms_norm_eps)
+        gate, up = blk.gate_up(h).chunk(2, dim=-1)
+        x = x + blk.down(F.silu(gate) * up)
+    return x
+
+
 def forward_fixed(model: Transformer, cache: KVCache, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
     """One fixed-width step: `tokens` (W,) at positions start + [0, W); float32 logits (W, vocab).
 
@@ -266,22 +290,13 @@ def forward_fixed(model: Transformer, cache: KVCache, tokens: torch.Tensor, star
     positions = start + torch.arange(w, device=tokens.device)
     cos, sin = rope_tables(model, positions)
     scale = 1.0 / math.sqrt(a.head_dim)
-    q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    x = F.embedding(tokens, model.embed)
-    for layer, blk in enumerate(model.blocks):
-        h = rms_norm(x, blk.input_norm, a.rms_norm_eps)
-        qkv = blk.qkv(h)
-        q = qkv[:, :q_size].view(w, a.num_heads, a.head_dim)
-        k = qkv[:, q_size : q_size + kv_size].view(w, a.num_kv_heads, a.head_dim)
-        v = qkv[:, q_size + kv_size :].view(w, a.num_kv_heads, a.head_dim)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        keys, values = cache.keys[layer], cache.values[layer]
-        keys.index_copy_(1, positions, k.transpose(0, 1))
-        values.index_copy_(1, positions, v.transpose(0, 1))
-        x = x + blk.o(attend_masked(q, keys, values, positions, scale))
-        h = rms_norm(x, blk.post_norm, a.rms_norm_eps)
-        gate, up = blk.gate_up(h).chunk(2, dim=-1)
-        x = x + blk.down(F.silu(gate) * up)
+
+    def store(keys, values, k, v):
+        keys.index_copy_(1, positions, k)
+        values.index_copy_(1, positions, v)
+
+    x = run_blocks(model, cache, F.embedding(tokens, model.embed), cos, sin, store,
+                   lambda q, keys, values: attend_masked(q, keys, values, positions, scale))
     x = rms_norm(x, model.final_norm, a.rms_norm_eps)
     return model.lm_head(x).to(torch.float32)
 
@@ -313,22 +328,13 @@ def forward(
     positions = torch.arange(start, start + t, device=tokens.device)
     cos, sin = rope_tables(model, positions)
     scale = 1.0 / math.sqrt(a.head_dim)
-    q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    x = F.embedding(tokens, model.embed)
-    for layer, blk in enumerate(model.blocks):
-        h = rms_norm(x, blk.input_norm, a.rms_norm_eps)
-        qkv = blk.qkv(h)
-        q = qkv[:, :q_size].view(t, a.num_heads, a.head_dim)
-        k = qkv[:, q_size : q_size + kv_size].view(t, a.num_kv_heads, a.head_dim)
-        v = qkv[:, q_size + kv_size :].view(t, a.num_kv_heads, a.head_dim)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        keys, values = cache.keys[layer], cache.values[layer]
-        keys[:, start : start + t] = k.transpose(0, 1)
-        values[:, start : start + t] = v.transpose(0, 1)
-        x = x + blk.o(attend_rowwise(q, keys, values, start, scale))
-        h = rms_norm(x, blk.post_norm, a.rms_norm_eps)
-        gate, up = blk.gate_up(h).chunk(2, dim=-1)
-        x = x + blk.down(F.silu(gate) * up)
+
+    def store(keys, values, k, v):
+        keys[:, start : start + t] = k
+        values[:, start : start + t] = v
+
+    x = run_blocks(model, cache, F.embedding(tokens, model.embed), cos, sin, store,
+                   lambda q, keys, values: attend_rowwise(q, keys, values, start, scale))
     cache.length = start + t
     if not all_logits:
         x = x[-1:]

@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +52,7 @@ from pipeline.report import CallReport, write_report
 from pipeline.sentences import SentenceSplitter
 from pipeline.timeline import TurnTimeline
 from voice.endpointer import SpeechEnded, SpeechStarted
+from voice.tts import synthesize_async
 
 log = logging.getLogger(__name__)
 
@@ -158,39 +159,8 @@ class Turn:
         return self.stats.passes - self.llm_passes_at_barge_in
 
 
-async def tts_stream(engine: Any, text: str, executor: Executor | None = None) -> AsyncIterator[Any]:
-    """`engine.synthesize(text)` in a worker thread, chunks handed over as they are made.
-
-    Unlike a fire-and-forget thread, closing this iterator (barge-in, hang-up) waits for
-    the worker to finish its chunk in progress, so no synthesis outlives its call."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    stop = threading.Event()
-
-    def work() -> None:
-        try:
-            for chunk in engine.synthesize(text):
-                if stop.is_set():
-                    break
-                loop.call_soon_threadsafe(queue.put_nowait, chunk)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
-        finally:
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-
-    worker = loop.run_in_executor(executor, work)
-    try:
-        while True:
-            item = await queue.get()
-            if item is _DONE:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        with contextlib.suppress(BaseException):
-            await asyncio.shield(worker)
+# TTS in a worker thread of the call's executor; closing it waits for the chunk in progress.
+tts_stream = synthesize_async
 
 
 # ---------------------------------------------------------------- the call

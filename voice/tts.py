@@ -16,9 +16,11 @@ event loop as they are made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -181,11 +183,13 @@ def load_tts(engine: str, model_path: str | Path, **kwargs) -> TTSEngine:
 _DONE = object()
 
 
-async def synthesize_async(engine: TTSEngine, text: str) -> AsyncIterator[AudioChunk]:
+async def synthesize_async(engine: TTSEngine, text: str, executor: Executor | None = None) -> AsyncIterator[AudioChunk]:
     """Stream `engine.synthesize(text)` from a worker thread into the event loop.
 
     Each chunk is handed over the moment the engine yields it. Closing the async
-    iterator (barge-in) stops the worker after the chunk in progress.
+    iterator (barge-in, hang-up) stops the worker after the chunk in progress and waits
+    for it, so no synthesis outlives its caller. `executor`: the thread pool to run on
+    (default: the loop's).
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
@@ -202,7 +206,7 @@ async def synthesize_async(engine: TTSEngine, text: str) -> AsyncIterator[AudioC
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
-    worker = loop.run_in_executor(None, work)
+    worker = loop.run_in_executor(executor, work)
     try:
         while True:
             item = await queue.get()
@@ -213,6 +217,5 @@ async def synthesize_async(engine: TTSEngine, text: str) -> AsyncIterator[AudioC
             yield item
     finally:
         stop.set()
-        # Let the worker finish its current chunk; don't leave the thread's exception unobserved.
-        if not worker.done():
-            worker.add_done_callback(lambda f: f.exception())
+        with contextlib.suppress(BaseException):  # its failure, if any, was already raised above
+            await asyncio.shield(worker)
