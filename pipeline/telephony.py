@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TelephonySource", "TelephonySink", "make_call_handler"]
 
+KEEP_CALLS = 64  # finished pipeline Calls kept in `on_call.calls` (tests, the in-process demo)
+
 
 class TelephonySource:
     """Inbound media of a TelephonyCall as 16 kHz AudioFrames. Ends when the caller stops."""
@@ -172,12 +174,16 @@ def make_call_handler(
             on_turn=(lambda entry: on_turn(call_id, entry)) if on_turn is not None else None,
         )
         on_call.calls.append(pipeline_call)
+        del on_call.calls[:-KEEP_CALLS]  # a long-running server must not keep every call
         try:
             await pipeline_call.run()
         finally:
             if on_call_end is not None:
                 on_call_end(pipeline_call)
+            # The call is over: free its LLM conversation (the KV cache, ~10 MB a call for
+            # SmolLM2, more for the default pair) now, not when the Call is dropped.
+            pipeline_call.backend = None
 
-    on_call.calls = []  # the pipeline Calls served, for tests and the in-process demo
+    on_call.calls = []  # the last KEEP_CALLS pipeline Calls served, for tests and the in-process demo
     on_call.get_models = get_models
     return on_call
