@@ -157,15 +157,10 @@ def _words(text: str) -> set[str]:
 # ---------------------------------------------------------------- one level
 
 
-async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.Namespace, sampler: Sampler,
-                    first_index: int = 0) -> dict[str, Any]:
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import InvalidStatus
-
+async def start_server(cfg, models, max_calls: int) -> dict[str, Any]:
+    """The bridge (bearer token, max_calls) with the agent behind it, as `specvoice serve` runs it."""
     from demo.auth import BridgeTokens
     from demo.bridge import Bridge
-    from demo.caller import SimulatedCaller
-    from pipeline.report import load_report
     from pipeline.telephony import make_call_handler
 
     token = secrets.token_urlsafe(24)
@@ -176,13 +171,32 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
         wire_calls.append(call)
         await handler(call)
 
-    bridge = Bridge(cfg.bridge.model_copy(update={"host": "127.0.0.1", "port": 0, "max_calls": n}), on_call,
+    bridge = Bridge(cfg.bridge.model_copy(update={"host": "127.0.0.1", "port": 0, "max_calls": max_calls}), on_call,
                     BridgeTokens.of(bearer_token=token))
     port = await bridge.start()
-    url = f"ws://127.0.0.1:{port}/media-stream"
-    callers = [SimulatedCaller(url, lines_by_caller[(first_index + i) % len(lines_by_caller)], token=token, expect_greeting=False,
-                               silence_s=1.0, reply_timeout_s=min(90.0, args.level_timeout))
+    return {"bridge": bridge, "handler": handler, "token": token, "url": f"ws://127.0.0.1:{port}/media-stream",
+            "wire": wire_calls}
+
+
+async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.Namespace, sampler: Sampler,
+                    first_index: int = 0, server: dict | None = None) -> dict[str, Any]:
+    """N callers at once; on a bridge of its own (max_calls = N), or on `server` (kept running)."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    from demo.caller import SimulatedCaller
+    from pipeline.report import load_report
+
+    own = server is None
+    if own:
+        server = await start_server(cfg, models, n)
+    bridge, handler, token, url, wire_calls = (server[k] for k in ("bridge", "handler", "token", "url", "wire"))
+    wire_calls.clear()
+    callers = [SimulatedCaller(url, lines_by_caller[(first_index + i) % len(lines_by_caller)], token=token,
+                               expect_greeting=False, silence_s=1.0, reply_timeout_s=min(90.0, args.level_timeout))
                for i in range(n)]
+    sids = {c.result.call_sid for c in callers}
+    round_calls = lambda: [c for c in handler.calls if c.call_id in sids]  # noqa: E731
     peak0 = sampler.peak_mb
     sampler.peak_mb = 0.0
     t0 = time.monotonic()
@@ -207,16 +221,17 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
         await asyncio.gather(*pending, return_exceptions=True)
         # Reports are written when the bridge's call ends (end_grace_s after the hang-up).
         deadline = time.monotonic() + cfg.bridge.end_grace_s + 10
-        while time.monotonic() < deadline and (len(handler.calls) < n or
-                                               not all(c.report_path for c in handler.calls)):
+        while time.monotonic() < deadline and (len(round_calls()) < n or
+                                               not all(c.report_path for c in round_calls())):
             await asyncio.sleep(0.05)
     finally:
-        await bridge.stop()
+        if own:
+            await bridge.stop()
     wall = time.monotonic() - t0
     sampler.sample()
 
     reports = {}
-    for call in handler.calls:
+    for call in round_calls():
         if call.report_path:
             data = load_report(call.report_path)
             reports[data["call_id"]] = data
@@ -329,13 +344,15 @@ def judge(levels: list[dict]) -> int | None:
 
 async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str, Any]:
     concurrency = args.calls[0]
+    # One bridge and one call handler for the whole run, as `specvoice serve` would be.
+    server = await start_server(cfg, models, concurrency)
     end = time.monotonic() + args.soak
     rounds: list[dict] = []
     warm_t = None
     index = 0
     while time.monotonic() < end:
         lv = await run_level(cfg, models, lines_by_caller, concurrency, args, sampler,
-                             first_index=index % len(lines_by_caller))
+                             first_index=index % len(lines_by_caller), server=server)
         index += concurrency
         gc.collect()
         sampler.sample()
@@ -346,6 +363,7 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
         print(f"  soak round {len(rounds)}: {lv['completed']}/{lv['calls']} complete, "
               f"v2v p95 {_ms(lv['v2v_p95_s'])} ms, RSS {sampler.samples[-1][1]:.0f} MB, "
               f"fds {sampler.samples[-1][2]}, threads {sampler.samples[-1][3]}", flush=True)
+    await server["bridge"].stop()
     after = [s for s in sampler.samples if warm_t is not None and s[0] >= warm_t]
     t_base = after[0][0] if after else 0.0
     first, last = (after[0], after[-1]) if after else (None, None)
