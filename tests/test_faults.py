@@ -339,3 +339,28 @@ def test_model_file_deleted_from_cache_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(Exception) as info:
         WhisperSTT(resolve_model("whisper-tiny.en"))
     assert "model.bin" in str(info.value), str(info.value)
+
+
+async def test_finished_calls_release_their_llm_state(tmp_path):
+    """A long-running bridge must not keep every call's LLM conversation (its KV cache):
+    once a call ended, its backend is unreachable; the handler lists a bounded number."""
+    import gc
+    import weakref
+
+    from pipeline.telephony import KEEP_CALLS
+
+    cfg = rel_config(tmp_path)
+    models = FakeModels()
+    async with agent_bridge(cfg, models) as (bridge, port, handler):
+        await a_good_call(port, cfg)
+        await a_good_call(port, cfg)
+        refs = [weakref.ref(b) for b in models.backends]
+        models.backends.clear()  # the test's own list, not the pipeline's
+        gc.collect()
+        assert [r() for r in refs] == [None, None]
+        assert len(handler.calls) == 2 and all(c.report_path for c in handler.calls)
+        handler.calls.extend([handler.calls[0]] * (KEEP_CALLS + 5))
+        c = await RawCaller(port).open()
+        await c.stop()
+        await c.wait_closed()
+        assert len(handler.calls) == KEEP_CALLS
