@@ -380,6 +380,9 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
         "reports_lost": sum(r["reports_missing"] for r in rounds),
         "late_frames": sum(r["late_frames"] for r in rounds),
         "rss_slope_mb_per_min": slope_per_min([(t - t_base, rss) for t, rss, _, _ in after]),
+        # Allocator warm-up shows as early steps; a leak keeps climbing in the second half too.
+        "rss_slope_second_half_mb_per_min": slope_per_min(
+            [(t - t_base, rss) for t, rss, _, _ in after if t - t_base >= (after[-1][0] - t_base) / 2] if after else []),
         "fds_slope_per_min": slope_per_min([(t - t_base, fds) for t, _, fds, _ in after]),
         "threads_slope_per_min": slope_per_min([(t - t_base, th) for t, _, _, th in after]),
         "rss_mb_first_last": [round(first[1], 1), round(last[1], 1)] if first else None,
@@ -462,7 +465,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nsoak {s['seconds']:.0f} s: {s['completed']}/{s['calls']} calls complete, "
               f"{s['turns_answered']}/{s['turns']} turns, mixed {s['mixed']}, reports lost {s['reports_lost']}")
         slope = s["rss_slope_mb_per_min"]
-        print(f"RSS slope {slope if slope is None else round(slope, 3)} MB/min (first/last {s['rss_mb_first_last']} MB); "
+        half = s["rss_slope_second_half_mb_per_min"]
+        print(f"RSS slope {slope if slope is None else round(slope, 3)} MB/min, second half "
+              f"{half if half is None else round(half, 3)} MB/min (first/last {s['rss_mb_first_last']} MB); "
               f"fds first/last/max {s['fds_first_last_max']}; threads first/last/max {s['threads_first_last_max']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
