@@ -161,8 +161,12 @@ async def test_three_calls_at_once_each_get_their_own_answers_and_report(models,
         data = load_report(call.report_path)
         assert data["call_id"] == result.call_sid
         (turn,) = data["turns"]
-        # Its own question (Whisper may vary punctuation/case), its own answer.
-        assert _words(q) <= _words(turn["user_text"]) | {"the"}, (q, turn["user_text"])
+        # Its own question (Whisper may vary case, punctuation, a plural), its own answer:
+        # most of its words are heard, and it matches no other caller's question as well.
+        heard = _words(turn["user_text"])
+        overlap = {other: len(_words(other) & heard) / len(_words(other)) for other in questions}
+        assert overlap[q] >= 0.6, (q, turn["user_text"])
+        assert max(overlap, key=overlap.get) == q, (q, turn["user_text"], overlap)
         assert turn["agent_text"] and result.media_in > 20
         assert result.turns[0].voice_to_voice is not None
         answers.append(turn["agent_text"])
