@@ -69,6 +69,17 @@ class AudioSink(Protocol):
     async def aclose(self) -> None: ...
 
 
+async def wait_for_mark(future: asyncio.Future | None, timeout: float | None) -> bool:
+    """True once the audio before a mark has played; False if the mark is unknown,
+    was dropped by a clear, or did not come back within `timeout`."""
+    if future is None:
+        return False
+    try:
+        return bool(await asyncio.wait_for(asyncio.shield(future), timeout))
+    except TimeoutError:
+        return False
+
+
 # ---------------------------------------------------------------- PushSource
 
 
@@ -249,13 +260,7 @@ class PacedSink:
         self._kick()
 
     async def wait_mark(self, name: str, timeout: float | None = None) -> bool:
-        future = self._marks.get(name)
-        if future is None:
-            return False
-        try:
-            return bool(await asyncio.wait_for(asyncio.shield(future), timeout))
-        except TimeoutError:
-            return False
+        return await wait_for_mark(self._marks.get(name), timeout)
 
     async def clear(self) -> None:
         self._generation += 1

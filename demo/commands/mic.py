@@ -85,13 +85,9 @@ class SpeakerSink:
         self._timers.append(loop.call_later(delay, lambda: future.done() or future.set_result(True)))
 
     async def wait_mark(self, name: str, timeout: float | None = None) -> bool:
-        future = self._marks.get(name)
-        if future is None:
-            return False
-        try:
-            return bool(await asyncio.wait_for(asyncio.shield(future), timeout))
-        except TimeoutError:
-            return False
+        from pipeline.io import wait_for_mark
+
+        return await wait_for_mark(self._marks.get(name), timeout)
 
     async def clear(self) -> None:
         self.speaker.clear()
