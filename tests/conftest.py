@@ -41,4 +41,23 @@ def tiny_models(tmp_path_factory):
 
 
 def require_models() -> bool:
+    """SPECVOICE_REQUIRE_MODELS=1 (set by scripts/test.sh): a missing model fails, not skips."""
     return os.environ.get("SPECVOICE_REQUIRE_MODELS") == "1"
+
+
+def require_model(name: str) -> Path:
+    """The pulled model's folder, or skip (fail under SPECVOICE_REQUIRE_MODELS=1)."""
+    from pipeline.models import is_present, model_dir
+
+    if not is_present(name):
+        reason = f"model {name!r} not pulled into {model_dir(name)}: run `specvoice models pull {name}`"
+        if require_models():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return model_dir(name)
+
+
+def speech_data_dir() -> Path:
+    """The LJ Speech clips: $SPECVOICE_SPEECH_DATA, else ../shared/data/speech beside the repo."""
+    env = os.environ.get("SPECVOICE_SPEECH_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "speech"

@@ -8,7 +8,7 @@ turns a missing model into a failure.
 
 import pytest
 
-from conftest import require_models
+from conftest import require_model
 
 pytestmark = pytest.mark.models
 
@@ -32,16 +32,10 @@ MESSAGES = [
 def engine():
     import torch
 
-    from pipeline.models import ModelNotFoundError, resolve_model
-
-    try:
-        target = resolve_model("qwen2.5-coder-1.5b-instruct")
-        draft = resolve_model("qwen2.5-coder-0.5b-instruct")
-    except ModelNotFoundError as exc:
-        if require_models():
-            pytest.fail(f"default models missing: {exc}")
-        pytest.skip(f"default models not pulled: {exc}")
     from llm.engine import SpeculativeEngine
+
+    target = str(require_model("qwen2.5-coder-1.5b-instruct"))
+    draft = str(require_model("qwen2.5-coder-0.5b-instruct"))
 
     torch.set_num_threads(2)
     return SpeculativeEngine.load(target, draft, drafter="hybrid", gamma="auto", dtype="int8")

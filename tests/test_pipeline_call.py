@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import require_models
+from conftest import require_models, speech_data_dir
 from pipeline.call import Call, History
 from pipeline.config import load_config
 from pipeline.io import PushSource, PacedSink
@@ -346,20 +346,13 @@ async def test_llm_raising_ends_turn_and_report_records_error(models, speech, tm
     assert turn["agent_text"].startswith("Sure") and "first_audio_out" in turn["timeline"]
 
 
-def _speech_dir() -> Path:
-    import os
-
-    env = os.environ.get("SPECVOICE_SPEECH_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "speech"
-
-
 @needs_models
 async def test_wav_files_through_real_stt_make_turns(models, tmp_path):
     """LJ Speech clips said by `wav_source` (real time), heard by the real endpointer and
     Whisper; a stub LLM keeps it quick. The agent's reply is written out as a WAV file."""
     from pipeline.io import wav_source
 
-    folder = _speech_dir()
+    folder = speech_data_dir()
     if not (folder / "manifest.json").is_file():
         pytest.skip(f"LJ Speech clips not found at {folder}")
     clips = {c["file"]: c["transcript"] for c in json.loads((folder / "manifest.json").read_text())["clips"]}

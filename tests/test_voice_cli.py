@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
+from conftest import require_model
 from demo.cli import main
 
 
 def require_models(*names: str) -> None:
-    from pipeline.models import is_present, model_dir
-
     for name in names:
-        if not is_present(name):
-            reason = f"model {name!r} not pulled into {model_dir(name)}: run `specvoice models pull {name}`"
-            if os.environ.get("SPECVOICE_REQUIRE_MODELS") == "1":
-                pytest.fail(reason)
-            pytest.skip(reason)
+        require_model(name)
 
 
 def test_help_texts_teach_with_examples(capsys):

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import require_model, speech_data_dir
 from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError
 from voice.mulaw import phone_roundtrip
 from voice.stt import WhisperSTT
@@ -23,23 +22,6 @@ pytestmark = pytest.mark.models
 # WER ceilings across the clips, per model (base is the better model).
 WER_LIMIT = {"whisper-tiny.en": 0.20, "whisper-base": 0.15}
 PHONE_WER_LIMIT = 0.25
-
-
-def require_model(name: str) -> Path:
-    """The pulled model's folder, or skip (fail under SPECVOICE_REQUIRE_MODELS=1)."""
-    from pipeline.models import is_present, model_dir
-
-    if not is_present(name):
-        reason = f"model {name!r} not pulled into {model_dir(name)}: run `specvoice models pull {name}`"
-        if os.environ.get("SPECVOICE_REQUIRE_MODELS") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return model_dir(name)
-
-
-def speech_data_dir() -> Path:
-    env = os.environ.get("SPECVOICE_SPEECH_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "speech"
 
 
 def words(text: str) -> str:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import require_model
 from voice.audio import STT_RATE, resample, rms_dbfs
 from voice.errors import EngineNotInstalledError, ModelFileMissingError, ModelLoadError
 from voice.tts import AudioChunk, CoquiTTS, PiperTTS, TTSEngine, load_tts, split_clauses, synthesize_async
@@ -23,18 +22,6 @@ SENTENCES = [
     "Your appointment is on Tuesday at ten thirty in the morning.",
     "We are open from nine until five, Monday to Friday.",
 ]
-
-
-def require_model(name: str) -> Path:
-    """The pulled model's folder, or skip (fail under SPECVOICE_REQUIRE_MODELS=1)."""
-    from pipeline.models import is_present, model_dir
-
-    if not is_present(name):
-        reason = f"model {name!r} not pulled into {model_dir(name)}: run `specvoice models pull {name}`"
-        if os.environ.get("SPECVOICE_REQUIRE_MODELS") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return model_dir(name)
 
 
 def words(text: str) -> list[str]:
