@@ -34,6 +34,18 @@ first run, offline, on the embedded default models:
 run `specvoice COMMAND --help` for each command's options."""
 
 
+def add_subcommands(sub, entries: list[tuple[str, str]], run_key: str) -> None:
+    """One subparser per (name, module); the module's `run` is stored under `run_key`."""
+    for name, module_name in entries:
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(
+            name, help=module.HELP, description=module.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(cmd)
+        cmd.set_defaults(**{run_key: module.run})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specvoice",
@@ -43,21 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # a command not built yet
-        cmd = sub.add_parser(
-            name,
-            help=module.HELP,
-            description=module.DESCRIPTION,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        module.add_arguments(cmd)
-        cmd.set_defaults(_run=module.run)
+    add_subcommands(sub, COMMANDS, "_run")
     return parser
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 
 HELP = "benchmarks: llm, engine, voice, pipeline, load"
 DESCRIPTION = """\
@@ -29,19 +28,9 @@ BENCHES: list[tuple[str, str]] = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="KIND")
-    for name, module_name in BENCHES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        cmd = sub.add_parser(
-            name, help=module.HELP, description=module.DESCRIPTION,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        module.add_arguments(cmd)
-        cmd.set_defaults(_bench_run=module.run)
+    from demo.cli import add_subcommands
+
+    add_subcommands(sub, BENCHES, "_bench_run")
 
 
 def run(args: argparse.Namespace) -> int:
