@@ -12,6 +12,7 @@ the tokens turn N added. Rolling back after a rejection is setting the valid len
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -116,18 +117,15 @@ def speculative_stream(
             f"prompt has {len(prompt)} tokens but the context holds {gen.max_context}: "
             "shorten the history or the system prompt, or raise llm.context_tokens"
         )
-    lock = gen.lock or _NO_LOCK
+    lock = gen.lock or contextlib.nullcontext()
     t_start = clock()
     stats.prompt_tokens = len(prompt)
-
-    def finish_group(tokens: list[int], drafted: int, accepted: int, reason) -> TokenGroup:
-        return TokenGroup(tuple(tokens), "", drafted, accepted, time.monotonic(), reason)
 
     # Prefill: the prompt's last position predicts the first new token.
     with lock:
         t0 = clock()
         logits, computed = prefill(target, seq, prompt)
-        token, _ = choose(logits, params, generator)
+        token = choose(logits, params, generator)
         stats.prefill_s = clock() - t0
     stats.prefilled_tokens = computed
     stats.passes = 1
@@ -168,7 +166,7 @@ def speculative_stream(
     while True:
         if gen.cancel is not None and gen.cancel.is_set():
             stats.total_s = clock() - t_start
-            yield finish_group([], 0, 0, "cancelled")
+            yield TokenGroup((), "", 0, 0, time.monotonic(), "cancelled")
             return
         base = len(context)  # position of `pending`
         context.append(pending)
@@ -209,14 +207,3 @@ def speculative_stream(
             break
     # The last token is not in the cache yet; a next turn's prefill computes it.
     stats.total_s = clock() - t_start
-
-
-class _NoLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_LOCK = _NoLock()

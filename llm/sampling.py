@@ -38,12 +38,11 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
-    """One token from one row of logits; returns (token, warped probs or None if greedy)."""
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from one row of logits: argmax when greedy, else a draw from the warped row."""
     if params.greedy:
-        return int(torch.argmax(logits)), None
-    probs = warp(logits, params)
-    return int(torch.multinomial(probs, 1, generator=generator)), probs
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(warp(logits, params), 1, generator=generator))
 
 
 @dataclass(frozen=True)
