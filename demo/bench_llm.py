@@ -172,7 +172,6 @@ def summarize(values: list[float]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     from tqdm import tqdm
 
     from llm.engine import SpeculativeEngine
@@ -228,7 +227,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
         print(f"wrote {args.out}", file=sys.stderr)
-    del torch
     return 0
 
 

@@ -50,7 +50,6 @@ from demo.twilio import (
     FRAME_BYTES,
     SAMPLE_RATE,
     Connected,
-    Dtmf,
     InboundEvent,
     Mark,
     Media,
