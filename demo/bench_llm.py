@@ -32,6 +32,11 @@ max tokens, interleaved turn by turn:
 tokens_per_s is the decode rate after the first token ((tokens - 1) / (last - first
 token time)); TTFT and first-sentence latency are measured from the request.
 
+With target_only in the run it also reports, under "analysis", the measured cost of a
+k-row verify relative to one row, and the prompt-lookup ceiling: the tokens per pass and
+speedup an oracle n-gram drafter (best occurrence, exact length, free) would reach on
+these turns with those costs -- the headroom left for any n-gram drafter here.
+
 examples:
   specvoice bench llm --out bench-llm.json                  # all modes, all turns (~15 min on 2 cores)
   specvoice bench llm --turns 6 --modes target_only,spec_hybrid
@@ -164,6 +169,67 @@ def load_hf(path: str, hf_dtype: str, device: str):
     return model
 
 
+def verify_costs(model, max_rows: int, context: int = 200, repeats: int = 3) -> dict[int, float]:
+    """Seconds of one target forward over k new rows, k = 1..max_rows (best of `repeats`)."""
+    import torch
+
+    from llm.cuda_graphs import synchronize
+    from llm.model import forward, new_cache
+
+    ids = torch.arange(context + max_rows, device=model.device) % model.args.vocab_size
+    costs = {}
+    with torch.inference_mode():
+        cache = new_cache(model, context + max_rows)
+        forward(model, cache, ids[:context], 0, all_logits=False)
+        for k in range(1, max_rows + 1):
+            best = float("inf")
+            for _ in range(repeats):
+                synchronize(model.device)
+                t0 = time.perf_counter()
+                forward(model, cache, ids[context : context + k], context)
+                synchronize(model.device)
+                best = min(best, time.perf_counter() - t0)
+            costs[k] = best
+    return costs
+
+
+def prompt_lookup_ceiling(prompts: list[list[int]], answers: list[list[int]], cost: dict[int, float]) -> dict:
+    """The best any prompt-lookup drafter could do on these turns, free drafting assumed.
+
+    At each target pass an oracle looks at every earlier occurrence of the context's last
+    token (any n-gram length >= 1), takes the continuation that agrees longest with the
+    answer the target is about to give (`answers`: the target's own greedy output) and
+    drafts exactly that many tokens, so no verify row is wasted. A pass verifying k drafts
+    costs cost[k + 1] (the measured k + 1-row forward). Real drafters must guess which
+    occurrence and how many tokens, so they land below this; it bounds how far n-gram
+    drafting can take a turn set on this machine.
+    """
+    widest = max(cost)
+    passes = tokens = 0
+    spent = 0.0
+    for prompt, answer in zip(prompts, answers):
+        context, i = list(prompt), 0
+        while i < len(answer):
+            last, best = context[-1], 0
+            for end in range(len(context) - 1):
+                if context[end] != last:
+                    continue
+                n = 0  # how far the continuation after this occurrence matches the answer
+                while end + 1 + n < len(context) and i + n < len(answer) and context[end + 1 + n] == answer[i + n]:
+                    n += 1
+                best = max(best, n)
+            best = min(best, len(answer) - i - 1, widest - 1)  # the last token is always the target's own
+            spent += cost[best + 1]
+            passes += 1
+            context += answer[i : i + best + 1]
+            i += best + 1
+        tokens += len(answer)
+    return {
+        "tokens_per_pass": tokens / passes if passes else None,
+        "speedup_vs_target_only": tokens * cost[1] / spent if spent else None,
+    }
+
+
 def summarize(values: list[float]) -> dict:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -202,10 +268,12 @@ def run(args: argparse.Namespace) -> int:
     ours = {"target_only": ("none", 0), "spec_model": ("model", "auto"), "spec_ngram": ("ngram", "auto"), "spec_hybrid": ("hybrid", "auto")}
 
     results: dict[str, list[Run]] = {m: [] for m in modes}
+    prompts: list[list[int]] = []
     learned: dict[str, object] = {}
     bar = tqdm(total=len(turns) * len(modes), desc="bench llm", unit="run", file=sys.stderr)
     for turn in turns:
         prompt = engine.chat_prompt(turn["messages"])
+        prompts.append(prompt)
         system_ids = engine.chat_prompt(turn["messages"][:1], add_generation_prompt=False)
         for mode in modes:
             bar.set_postfix_str(f"{turn['id']} {mode}")
@@ -223,6 +291,13 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
 
     report = build_report(results, turns, modes, args, cfg, device, dtype)
+    if "target_only" in modes:  # how far any n-gram drafter could go on these turns, here
+        cost = verify_costs(engine.target.model, cfg.max_gamma + 1)
+        report["analysis"] = {
+            "verify_cost_s": cost,
+            "verify_cost_ratio": {k: v / cost[1] for k, v in cost.items()},
+            "prompt_lookup_ceiling": prompt_lookup_ceiling(prompts, [r.ids for r in results["target_only"]], cost),
+        }
     print_table(report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
@@ -294,3 +369,10 @@ def print_table(report: dict) -> None:
             f"{f(e['ttft_s'], '.3f'):>7s} {f(e['first_sentence_s'], '.3f'):>10s} "
             f"{f(e['exact_vs_target_only'], '.0%'):>10s} {f(e['exact_vs_hf_generate'], '.0%'):>8s}"
         )
+    a = report.get("analysis")
+    if a:
+        ratio = a["verify_cost_ratio"]
+        c = a["prompt_lookup_ceiling"]
+        print(f"\nverify cost, k rows / 1 row: " + " ".join(f"{k}:{v:.2f}" for k, v in ratio.items()))
+        print(f"prompt-lookup ceiling (oracle occurrence and length, free drafts): "
+              f"{f(c['tokens_per_pass'])} tokens/pass, {f(c['speedup_vs_target_only'])}x target_only")
