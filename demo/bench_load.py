@@ -131,6 +131,32 @@ class Sampler:
         self.sample()
 
 
+def heap_stats() -> dict[str, float]:
+    """Where this process's memory is, to tell a leak from allocator behaviour when RSS
+    grows: live Python objects and blocks, and what glibc malloc holds in use (torch's
+    CPU tensors included) against what it has taken from the system. Live figures flat
+    while RSS climbs means fragmentation or arenas kept, not lost objects."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    out: dict[str, float] = {"python_blocks": sys.getallocatedblocks(), "gc_objects": len(gc.get_objects())}
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        m = libc.mallinfo2()
+        out["malloc_in_use_mb"] = (m.uordblks + m.hblkhd) / 2 ** 20
+        out["malloc_held_mb"] = (m.arena + m.hblkhd) / 2 ** 20
+    except (OSError, AttributeError):  # not glibc (or older than 2.33): Python figures only
+        pass
+    return out
+
+
 def slope_per_min(points: list[tuple[float, float]]) -> float | None:
     """Least-squares slope of (t seconds, y) in y per minute."""
     if len(points) < 3:
@@ -348,6 +374,7 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
     server = await start_server(cfg, models, concurrency)
     end = time.monotonic() + args.soak
     rounds: list[dict] = []
+    heap: list[tuple[float, dict[str, float]]] = []  # (t, heap_stats()) after each round, when quiet
     warm_t = None
     index = 0
     while time.monotonic() < end:
@@ -356,18 +383,22 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
         index += concurrency
         gc.collect()
         sampler.sample()
+        heap.append((sampler.samples[-1][0], heap_stats()))
         if warm_t is None:
             warm_t = time.monotonic()  # after one round: caches, pools and allocator arenas are warm
         rounds.append({k: lv[k] for k in ("completed", "calls", "turns_answered", "turns", "mixed", "late_frames",
                                           "v2v_p50_s", "v2v_p95_s", "reports_missing", "extra_refused", "failures")})
+        h = heap[-1][1]
+        malloc = f", malloc in use {h['malloc_in_use_mb']:.0f} of {h['malloc_held_mb']:.0f} MB" if "malloc_held_mb" in h else ""
         print(f"  soak round {len(rounds)}: {lv['completed']}/{lv['calls']} complete, "
-              f"v2v p95 {_ms(lv['v2v_p95_s'])} ms, RSS {sampler.samples[-1][1]:.0f} MB, "
-              f"fds {sampler.samples[-1][2]}, threads {sampler.samples[-1][3]}", flush=True)
+              f"v2v p95 {_ms(lv['v2v_p95_s'])} ms, RSS {sampler.samples[-1][1]:.0f} MB{malloc}, "
+              f"objects {h['gc_objects']}, fds {sampler.samples[-1][2]}, threads {sampler.samples[-1][3]}", flush=True)
     await server["bridge"].stop()
     after = [s for s in sampler.samples if warm_t is not None and s[0] >= warm_t]
     t_base = after[0][0] if after else 0.0
     first, last = (after[0], after[-1]) if after else (None, None)
     calls = sum(r["calls"] for r in rounds)
+    heap_after = [(t - t_base, h) for t, h in heap if warm_t is not None and t >= warm_t]
     return {
         "seconds": args.soak,
         "concurrency": concurrency,
@@ -388,6 +419,11 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
         "rss_mb_first_last": [round(first[1], 1), round(last[1], 1)] if first else None,
         "fds_first_last_max": [first[2], last[2], max(s[2] for s in after)] if first else None,
         "threads_first_last_max": [first[3], last[3], max(s[3] for s in after)] if first else None,
+        # Per round, after gc: slopes of live Python objects and of malloc's in-use and held bytes.
+        "heap_slopes_per_min": {key: slope_per_min([(t, h[key]) for t, h in heap_after if key in h])
+                                for key in (heap_after[0][1] if heap_after else {})},
+        "heap_first_last": {key: [heap_after[0][1][key], heap_after[-1][1][key]] for key in heap_after[0][1]}
+                           if heap_after else None,
         "samples": [[round(t - t_base, 1), round(rss, 1), fds, th] for t, rss, fds, th in after],
         "rounds_detail": rounds,
     }

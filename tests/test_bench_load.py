@@ -1,0 +1,52 @@
+"""`specvoice bench load`: the soak's resource accounting, and a short real soak."""
+
+import json
+
+import pytest
+import torch
+from conftest import require_model
+
+from demo.bench_load import heap_stats, slope_per_min
+from demo.cli import main
+
+
+def test_slope_per_min_is_least_squares_per_minute():
+    assert slope_per_min([(0, 10.0), (60, 12.0), (120, 14.0)]) == pytest.approx(2.0)
+    assert slope_per_min([(0, 5.0), (30, 5.0), (90, 5.0)]) == pytest.approx(0.0)
+    assert slope_per_min([(0, 1.0), (60, 2.0)]) is None  # too few points to call it a trend
+
+
+def test_heap_stats_sees_live_python_objects_and_malloc_memory():
+    before = heap_stats()
+    held = [object() for _ in range(50_000)]
+    block = torch.ones(64 * 2 ** 20 // 4)  # 64 MB from the CPU allocator (glibc malloc)
+    during = heap_stats()
+    assert during["python_blocks"] > before["python_blocks"] + 40_000
+    if "malloc_in_use_mb" in before:  # glibc >= 2.33
+        assert during["malloc_in_use_mb"] - before["malloc_in_use_mb"] > 60
+        assert during["malloc_held_mb"] >= during["malloc_in_use_mb"]
+    del held, block
+    after = heap_stats()
+    if "malloc_in_use_mb" in before:
+        assert after["malloc_in_use_mb"] < during["malloc_in_use_mb"] - 60
+
+
+@pytest.mark.models
+def test_short_soak_completes_every_call_and_loses_no_report(tmp_path):
+    require_model("smollm2-135m-instruct")
+    require_model("whisper-tiny.en")
+    require_model("piper-joe-medium")
+    out = tmp_path / "soak.json"
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["bench", "load", "--soak", "20", "--calls", "1", "--sample-s", "1", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    s = json.loads(out.read_text())["soak"]
+    assert s["rounds"] >= 1 and s["calls"] >= 1
+    assert s["completed"] == s["calls"] and s["reports_lost"] == 0 and s["mixed"] == 0
+    assert s["turns_answered"] == s["turns"]
+    assert all(r["extra_refused"] == [503] for r in s["rounds_detail"])
+    if s["rounds"] >= 2:
+        assert {"python_blocks", "gc_objects"} <= set(s["heap_first_last"])
