@@ -433,12 +433,24 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.models import ModelNotFoundError
-
     import demo.bridge  # noqa: F401 - pins its websockets logger at INFO on import; quieter here
 
-    logging.getLogger("demo.bridge").setLevel(logging.WARNING)
-    logging.getLogger("demo.bridge.websockets").setLevel(logging.WARNING)
+    # Quieter bridge logs for the benchmark's duration only: in-process callers (the
+    # tests) keep the levels they had.
+    loggers = [logging.getLogger(name) for name in ("demo.bridge", "demo.bridge.websockets")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        return _run(args)
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeline.models import ModelNotFoundError
+
     report_dir = args.reports or Path(tempfile.mkdtemp(prefix="specvoice-load-"))
     cfg = load_bench_config(args, report_dir)
     levels_n = sorted(set(args.calls))

@@ -37,12 +37,17 @@ def test_short_soak_completes_every_call_and_loses_no_report(tmp_path):
     require_model("whisper-tiny.en")
     require_model("piper-joe-medium")
     out = tmp_path / "soak.json"
+    import logging
+
+    bridge_log = logging.getLogger("demo.bridge")
+    level = bridge_log.level
     threads = torch.get_num_threads()
     try:
         rc = main(["bench", "load", "--soak", "20", "--calls", "1", "--sample-s", "1", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     assert rc == 0
+    assert bridge_log.level == level  # the benchmark quiets the bridge only while it runs
     s = json.loads(out.read_text())["soak"]
     assert s["rounds"] >= 1 and s["calls"] >= 1
     assert s["completed"] == s["calls"] and s["reports_lost"] == 0 and s["mixed"] == 0
