@@ -169,28 +169,6 @@ def build(cfg: dict, device: str, dtype: str, seed: int, with_hf: bool):
 
 
 # ---- measurements -----------------------------------------------------------------------
-def step_cost(model, width: int, graphs: bool, context: int, reps: int) -> float:
-    """Seconds of one fixed-width step of `width` rows at position `context`: the best of
-    `reps` (on a shared machine the minimum is the step's cost, the rest is other load)."""
-    import torch
-
-    from llm.cuda_graphs import static_cache, synchronize
-    from llm.model import forward
-
-    cache = static_cache(model, context + width, (width,), graphs)
-    ids = torch.randint(0, model.args.vocab_size, (width,), device=model.device)
-    times = []
-    with torch.inference_mode():
-        for i in range(reps + 2):  # two warm-ups (the first captures the graph)
-            synchronize(model.device)
-            t0 = time.perf_counter()
-            forward(model, cache, ids, context)
-            synchronize(model.device)
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def decode_rate(stats) -> float:
     """Tokens per second after the first token (prefill and TTFT excluded)."""
     span = stats.total_s - (stats.ttft_s or 0.0)
@@ -230,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from llm.engine import SpeculativeEngine, fixed_width_options, one_gemm
+    from llm.engine import SpeculativeEngine, fixed_width_options, one_gemm, time_steps
     from llm.gamma import GammaController
     from llm.loading import LoadedModel
     from llm.oracle import OracleDrafter, measured_acceptance
@@ -277,11 +255,11 @@ def run(args: argparse.Namespace) -> int:
 
     # Step costs: the target at every width 1..R, the draft at 1 and R.
     bar.set_postfix_str("step costs")
-    target_costs = {}
-    for k in range(1, r + 1):
-        target_costs[k] = step_cost(target, k, graphs, context, reps)
-        bar.update(1)
-    draft_costs = {1: step_cost(draft, 1, graphs, context, reps), r: step_cost(draft, r, graphs, context, reps)}
+    # Fixed-width steps, two warm-ups each (the first captures the graph).
+    steps = {"repeats": reps, "warmup": 2, "fixed_width": True, "graphs": graphs}
+    target_costs = time_steps(target, tuple(range(1, r + 1)), context, **steps)
+    bar.update(r)
+    draft_costs = time_steps(draft, (1, r), context, **steps)
     bar.update(2)
     del draft
     if device.startswith("cuda"):

@@ -169,30 +169,6 @@ def load_hf(path: str, hf_dtype: str, device: str):
     return model
 
 
-def verify_costs(model, max_rows: int, context: int = 200, repeats: int = 3) -> dict[int, float]:
-    """Seconds of one target forward over k new rows, k = 1..max_rows (best of `repeats`)."""
-    import torch
-
-    from llm.cuda_graphs import synchronize
-    from llm.model import forward, new_cache
-
-    ids = torch.arange(context + max_rows, device=model.device) % model.args.vocab_size
-    costs = {}
-    with torch.inference_mode():
-        cache = new_cache(model, context + max_rows)
-        forward(model, cache, ids[:context], 0, all_logits=False)
-        for k in range(1, max_rows + 1):
-            best = float("inf")
-            for _ in range(repeats):
-                synchronize(model.device)
-                t0 = time.perf_counter()
-                forward(model, cache, ids[context : context + k], context)
-                synchronize(model.device)
-                best = min(best, time.perf_counter() - t0)
-            costs[k] = best
-    return costs
-
-
 def prompt_lookup_ceiling(prompts: list[list[int]], answers: list[list[int]], cost: dict[int, float]) -> dict:
     """The best any prompt-lookup drafter could do on these turns, free drafting assumed.
 
@@ -240,7 +216,7 @@ def summarize(values: list[float]) -> dict:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from llm.engine import SpeculativeEngine
+    from llm.engine import SpeculativeEngine, time_steps
     from pipeline.config import load_config
     from pipeline.models import resolve_model
 
@@ -292,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = build_report(results, turns, modes, args, cfg, device, dtype)
     if "target_only" in modes:  # how far any n-gram drafter could go on these turns, here
-        cost = verify_costs(engine.target.model, cfg.max_gamma + 1)
+        cost = time_steps(engine.target.model, tuple(range(1, cfg.max_gamma + 2)), context=200)
         report["analysis"] = {
             "verify_cost_s": cost,
             "verify_cost_ratio": {k: v / cost[1] for k, v in cost.items()},
@@ -373,6 +349,6 @@ def print_table(report: dict) -> None:
     if a:
         ratio = a["verify_cost_ratio"]
         c = a["prompt_lookup_ceiling"]
-        print(f"\nverify cost, k rows / 1 row: " + " ".join(f"{k}:{v:.2f}" for k, v in ratio.items()))
+        print("\nverify cost, k rows / 1 row: " + " ".join(f"{k}:{v:.2f}" for k, v in ratio.items()))
         print(f"prompt-lookup ceiling (oracle occurrence and length, free drafts): "
               f"{f(c['tokens_per_pass'])} tokens/pass, {f(c['speedup_vs_target_only'])}x target_only")

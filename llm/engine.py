@@ -146,30 +146,16 @@ class SpeculativeEngine:
         """Measure a target step, a (max_gamma+1)-row verify and a draft step once, to seed
         the adaptive gamma before the first real pass has been timed."""
 
-        def timed(model, rows: int) -> float:
-            if self.fixed_width:  # the step as conversations run it: static cache, fixed width
-                cache = static_cache(model, context + rows, (rows,), self.cuda_graphs)
-            else:
-                cache = new_cache(model, context + rows)
-            ids = torch.arange(context + rows, device=model.device) % model.args.vocab_size
-            with torch.inference_mode():
-                forward(model, cache, ids[:context], 0, all_logits=False)
-                best = float("inf")
-                for _ in range(3):
-                    synchronize(model.device)
-                    t0 = time.perf_counter()
-                    forward(model, cache, ids[context:], context)
-                    synchronize(model.device)
-                    best = min(best, time.perf_counter() - t0)
-            return best
-
+        # The steps as conversations run them (static cache and fixed width where they do).
+        as_run = {"fixed_width": self.fixed_width, "graphs": self.cuda_graphs}
         k = self.verify_width
         # At fixed width a one-token pass runs all R rows too: it costs what a full verify costs.
-        verify = timed(self.target.model, k)
-        step = verify if self.fixed_width else timed(self.target.model, 1)
+        target = time_steps(self.target.model, (k,) if self.fixed_width else (1, k), context, **as_run)
+        verify = target[k]
+        step = verify if self.fixed_width else target[1]
         costs = {"target_step": step, f"target_verify_{k}": verify}
         if self.draft is not None:
-            costs["draft_step"] = timed(self.draft.model, 1)
+            costs["draft_step"] = time_steps(self.draft.model, (1,), context, **as_run)[1]
         self.step_costs = costs
         log.info("calibrated step costs: %s", {k: round(v * 1e3, 1) for k, v in costs.items()})
         return costs
@@ -299,6 +285,33 @@ class SpeculativeEngine:
         groups = list(self.stream(prompt, params, conv))
         ids = [t for g in groups for t in g.token_ids]
         return ids, groups, conv.last_stats
+
+
+def time_steps(model, rows: tuple[int, ...], context: int = 64, repeats: int = 3, warmup: int = 0,
+               fixed_width: bool = False, graphs: bool = False) -> dict[int, float]:
+    """Seconds of one forward over k new rows at position `context`, for each k in `rows`:
+    the best of `repeats` runs after `warmup` (on a shared machine the minimum is the
+    step's cost, the rest is other load). One cache, prefilled with `context` tokens; at
+    fixed width (optionally captured as CUDA graphs) a static cache with those widths."""
+    widest = max(rows)
+    if fixed_width:
+        cache = static_cache(model, context + widest, tuple(rows), graphs)
+    else:
+        cache = new_cache(model, context + widest)
+    ids = torch.arange(context + widest, device=model.device) % model.args.vocab_size
+    costs = {}
+    with torch.inference_mode():
+        forward(model, cache, ids[:context], 0, all_logits=False)
+        for k in rows:
+            times = []
+            for _ in range(warmup + repeats):
+                synchronize(model.device)
+                t0 = time.perf_counter()
+                forward(model, cache, ids[context : context + k], context)
+                synchronize(model.device)
+                times.append(time.perf_counter() - t0)
+            costs[k] = min(times[warmup:])
+    return costs
 
 
 def fixed_width_options(device: str, fixed_width: bool | None, cuda_graphs: bool | None) -> tuple[bool, bool]:

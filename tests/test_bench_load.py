@@ -1,6 +1,7 @@
 """`specvoice bench load`: the soak's resource accounting, and a short real soak."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -37,8 +38,6 @@ def test_short_soak_completes_every_call_and_loses_no_report(tmp_path):
     require_model("whisper-tiny.en")
     require_model("piper-joe-medium")
     out = tmp_path / "soak.json"
-    import logging
-
     bridge_log = logging.getLogger("demo.bridge")
     level = bridge_log.level
     threads = torch.get_num_threads()
