@@ -61,3 +61,18 @@ def speech_data_dir() -> Path:
     """The LJ Speech clips: $SPECVOICE_SPEECH_DATA, else ../shared/data/speech beside the repo."""
     env = os.environ.get("SPECVOICE_SPEECH_DATA")
     return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "speech"
+
+
+def speech_clips() -> list[tuple[Path, str]]:
+    """(WAV file, transcript) of every clip in the manifest, or skip (fail under
+    SPECVOICE_REQUIRE_MODELS=1, like a missing model)."""
+    import json
+
+    folder = speech_data_dir()
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        reason = f"speech clips not found at {folder} (set SPECVOICE_SPEECH_DATA)"
+        if require_models():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return [(folder / c["file"], c["transcript"]) for c in json.loads(manifest.read_text())["clips"]]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import require_models, speech_data_dir
+from conftest import require_models, speech_clips
 from pipeline.call import Call, History
 from pipeline.config import load_config
 from pipeline.io import PushSource, PacedSink
@@ -352,21 +352,18 @@ async def test_wav_files_through_real_stt_make_turns(models, tmp_path):
     Whisper; a stub LLM keeps it quick. The agent's reply is written out as a WAV file."""
     from pipeline.io import wav_source
 
-    folder = speech_data_dir()
-    if not (folder / "manifest.json").is_file():
-        pytest.skip(f"LJ Speech clips not found at {folder}")
-    clips = {c["file"]: c["transcript"] for c in json.loads((folder / "manifest.json").read_text())["clips"]}
+    clips = {path.name: (path, transcript) for path, transcript in speech_clips()}
     names = ["LJ001-0002.wav", "LJ001-0008.wav"]
     backend = SpyBackend()
     sink = PacedSink()
-    call = Call(small_config(tmp_path), models, wav_source([folder / n for n in names], gap_s=1.5), sink,
+    call = Call(small_config(tmp_path), models, wav_source([clips[n][0] for n in names], gap_s=1.5), sink,
                 backend=backend, call_id="call-wav")
     await asyncio.wait_for(call.run(), 60)
     assert backend.calls == 2 and len(call.turns) == 2
     for name, turn in zip(names, call.turns):
-        want = {w.strip(",.").lower() for w in clips[name].split()}
+        want = {w.strip(",.").lower() for w in clips[name][1].split()}
         got = {w.strip(",.").lower() for w in turn.user_text.split()}
-        assert len(want & got) >= len(want) // 2, (clips[name], turn.user_text)
+        assert len(want & got) >= len(want) // 2, (clips[name][1], turn.user_text)
         assert turn.timeline.get("first_audio_out") is not None
     out = sink.recording.write(tmp_path / "agent.wav", call.turns[0].timeline.get("speech_start"))
     from voice.wav import read_wav

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import shutil
 import time
@@ -11,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import require_model, speech_data_dir
+from conftest import require_model, speech_clips
 from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError
 from voice.mulaw import phone_roundtrip
 from voice.stt import WhisperSTT
@@ -37,12 +36,7 @@ def wer(refs: list[str], hyps: list[str]) -> float:
 
 @pytest.fixture(scope="module")
 def clips():
-    folder = speech_data_dir()
-    manifest = folder / "manifest.json"
-    if not manifest.is_file():
-        pytest.skip(f"speech clips not found at {folder} (set SPECVOICE_SPEECH_DATA)")
-    entries = json.loads(manifest.read_text())["clips"]
-    return [(read_wav(folder / c["file"])[0], c["transcript"]) for c in entries]
+    return [(read_wav(path)[0], transcript) for path, transcript in speech_clips()]
 
 
 _loaded: dict[str, WhisperSTT] = {}

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from conftest import speech_clips
 from voice.audio import frames
 from voice.endpointer import EndpointConfig, Endpointer, SpeechEnded, SpeechStarted
 from voice.vad import CHUNK, SileroModel, SileroVAD
 
 SR = 16000
 CHUNK_S = CHUNK / SR  # 0.032 s
-
-
-def speech_data_dir() -> Path:
-    env = os.environ.get("SPECVOICE_SPEECH_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "speech"
 
 
 class ScriptedVAD:
@@ -157,13 +149,9 @@ def silero():
 
 @pytest.fixture(scope="module")
 def clips():
-    folder = speech_data_dir()
-    manifest = folder / "manifest.json"
-    if not manifest.is_file():
-        pytest.skip(f"speech clips not found at {folder} (set SPECVOICE_SPEECH_DATA)")
     from voice.wav import read_wav
 
-    return [read_wav(folder / c["file"])[0] for c in json.loads(manifest.read_text())["clips"]]
+    return [read_wav(path)[0] for path, _ in speech_clips()]
 
 
 def test_silero_stream_rejects_wrong_chunk_and_shares_the_model(silero):
