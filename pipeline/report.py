@@ -197,17 +197,23 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# What a name with a digest appended looks like: an id of that shape gets a digest too, so
+# that it can never meet the altered form of another id.
+_DIGESTED = re.compile(r".*-[0-9a-f]{10}")
 
 
 def report_filename(call_id: str) -> str:
     """A safe file name for a call id: [A-Za-z0-9_.-] only, no '..', no leading dot.
 
-    When the id had to be changed, a short hash of the original is appended so that two
-    different ids (say "a/b" and "a_b") never share a file.
+    An id that is already safe is kept as it is ("call-42" -> "call-42.json"). Any other is
+    made safe (unsafe characters to "_", runs of dots to "_", no dot at either end, at most
+    96 characters) and a short hash of the original id is appended, so that two different
+    ids ("a/b" and "a_b", "0." and "0") never share a file.
     """
     safe = _UNSAFE.sub("_", call_id)
-    safe = re.sub(r"\.{2,}", "_", safe).lstrip(".")[:96]
-    if safe != call_id or not safe:
+    # A dot at the end would meet the ".json" suffix and make "..": strip both ends.
+    safe = re.sub(r"\.{2,}", "_", safe).strip(".")[:96].rstrip(".")
+    if safe != call_id or not safe or _DIGESTED.fullmatch(safe):
         digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         safe = f"{safe or 'call'}-{digest}"
     return f"{safe}.json"

@@ -21,6 +21,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -95,7 +96,7 @@ def _bounded(event) -> None:
         assert isinstance(event.payload, bytes) and len(event.payload) <= 16 * 1024
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(st.sampled_from(VALID), st.data(), json_any, st.booleans())
 def test_valid_messages_mutated_anywhere_parse_or_raise_protocol_error(text, data, value, delete):
     message = json.loads(text)
@@ -111,7 +112,7 @@ def test_valid_messages_mutated_anywhere_parse_or_raise_protocol_error(text, dat
     assert parse_message(encode_event(event)) == event or isinstance(event, Connected)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=3000), st.integers(160, 4096))
 def test_payload_limit_is_exact(payload, limit):
     text = encode_event(Media("MZ1", payload))
@@ -126,7 +127,7 @@ def test_payload_limit_is_exact(payload, limit):
 # ---------------------------------------------------------------- the outbound framer
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.one_of(st.binary(min_size=0, max_size=700), st.text(alphabet="abc", min_size=1, max_size=3)),
                 max_size=25))
 def test_outbound_framer_any_chunking_gives_whole_frames_in_order(items):
@@ -187,7 +188,7 @@ def test_mulaw_encode_floats_clips_not_wraps(values):
     assert np.all(np.abs(back[loud]) > 0.9)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=999), max_size=30))
 def test_telephony_source_any_payload_lengths(payloads):
     """Odd, empty and uneven media payloads: 16 kHz float frames, finite, about twice as
@@ -221,7 +222,7 @@ def test_telephony_source_any_payload_lengths(payloads):
 # ---------------------------------------------------------------- sentences
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.text(max_size=50), min_size=1, max_size=4), st.booleans())
 def test_splitter_reused_across_turns_equals_fresh_ones(turn_texts, first_clause):
     kw = dict(first_clause=first_clause, first_clause_min_words=2)
@@ -235,7 +236,7 @@ def test_splitter_reused_across_turns_equals_fresh_ones(turn_texts, first_clause
         assert reused.pending == ""
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=()), max_size=300))
 def test_splitter_any_unicode_never_raises_and_loses_nothing(text):
     sentences = split_sentences(text)
@@ -280,7 +281,7 @@ def _good_report() -> dict:
     return json.loads(GOOD_REPORT)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data(), json_any, st.booleans())
 def test_renderer_survives_structurally_broken_reports(data, value, delete):
     report = _good_report()
@@ -297,7 +298,7 @@ def test_renderer_survives_structurally_broken_reports(data, value, delete):
     assert isinstance(summary, str) and "\x1b" not in summary
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=300), st.text(max_size=300))
 def test_report_filenames_safe_and_distinct(a, b):
     fa, fb = report_filename(a), report_filename(b)
@@ -309,7 +310,19 @@ def test_report_filenames_safe_and_distinct(a, b):
         assert fa != fb
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_report_filenames_for_ids_hypothesis_found_and_digest_shaped_ids():
+    """'0.' once became '0..json'; an id shaped like a digested name must not meet one."""
+    assert report_filename("0.") != "0..json" and ".." not in report_filename("0.")
+    assert report_filename("") != report_filename("0.")
+    assert report_filename("call-42") == "call-42.json"  # a safe id keeps its name
+    altered = report_filename("a/b")  # "a_b-<digest>.json"
+    assert report_filename(altered[: -len(".json")]) != altered
+    for call_id in (".", "..", "...x", "x.", "x..", "." * 200, "x." * 100):
+        name = report_filename(call_id)
+        assert ".." not in name and not name.startswith("."), (call_id, name)
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(max_size=80), st.integers(2, 4))
 def test_same_call_id_never_overwrites_another_calls_report(tmp_path_factory, call_id, n):
     """A call id reused by several calls: each report gets its own file, all readable."""
