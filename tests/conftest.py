@@ -3,8 +3,26 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Hypothesis profiles, chosen by HYPOTHESIS_PROFILE:
+# - "dev" (default): random examples, a new draw every run (failures are saved in .hypothesis/).
+# - "ci" (.ci/run sets it): derandomized, so every CI run tries the same examples and a
+#   red run can be reproduced exactly; no example database.
+# - "long": a longer randomized hunt, each property's example count times 20:
+#       HYPOTHESIS_PROFILE=long python -m pytest -q tests/test_fuzz_properties.py tests/test_sentences.py
+settings.register_profile("dev", print_blob=True)
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("long", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def examples(n: int) -> int:
+    """A property's example count, scaled up under the "long" profile (an explicit
+    @settings(max_examples=...) overrides the profile, so the scale lives here)."""
+    return n * 20 if settings.get_current_profile_name() == "long" else n
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -204,7 +205,7 @@ TRICKY = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(text=st.one_of(TRICKY, st.text(max_size=60)), cuts=st.lists(st.integers(0, 80), max_size=12),
        first_clause=st.booleans())
 def test_property_lossless_and_chunking_invariant(text, cuts, first_clause):

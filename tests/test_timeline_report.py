@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,7 +78,7 @@ def test_missing_events_give_none():
     assert all(m[k] is None for k in METRICS if k != "ttft")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=len(EVENTS), max_size=len(EVENTS)))
 def test_voice_to_voice_telescopes_exactly(stamps):
     tl = TurnTimeline()

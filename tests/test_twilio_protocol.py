@@ -8,6 +8,7 @@ import hmac
 import json
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -153,7 +154,7 @@ near_valid = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.text(), st.binary(), json_values.map(json.dumps), near_valid.map(json.dumps)))
 def test_parser_raises_only_protocol_error(text):
     for parse in (parse_message, parse_outbound):

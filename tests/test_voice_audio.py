@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -63,7 +64,7 @@ def test_mulaw_sine_snr_is_telephone_quality():
 int16_arrays = arrays(np.int16, st.integers(0, 400), elements=st.integers(-32768, 32767))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(int16_arrays)
 def test_mulaw_roundtrip_error_is_bounded(x):
     y = mulaw.decode(mulaw.encode(x)).astype(np.int64)
@@ -77,7 +78,7 @@ def test_mulaw_roundtrip_error_is_bounded(x):
     assert np.all(np.sign(y[np.abs(xi) > 8]) == np.sign(xi[np.abs(xi) > 8]))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(int16_arrays)
 def test_mulaw_decode_encode_is_idempotent(x):
     once = mulaw.decode(mulaw.encode(x))
@@ -85,7 +86,7 @@ def test_mulaw_decode_encode_is_idempotent(x):
     assert np.array_equal(once, twice)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(arrays(np.uint8, st.integers(0, 300)))
 def test_mulaw_codes_survive_decode_encode(codes):
     # Every code except the "negative zero" 0x7F decodes to a value that encodes back to itself.
