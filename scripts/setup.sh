@@ -1,23 +1,44 @@
 #!/usr/bin/env bash
-# Installs everything specvoice needs on a fresh Debian machine (as root or with sudo):
-# system packages for the tests, CPU torch, then the project itself (editable) with its test extras.
+# Set-up on a fresh Debian machine; sourced by scripts/demo.sh and scripts/test.sh.
+#
+# What it installs, and where:
+# - Debian packages, system-wide (apt-get, as root or with sudo), only those missing:
+#   libsndfile1 and libportaudio2 (audio I/O), mosquitto (the MQTT broker the tests
+#   start on loopback), chromium + chromium-driver (the report page's browser tests),
+#   espeak-ng (a second voice for the spoken test lines).
+# - Python packages into a virtual environment: the active one if any ($VIRTUAL_ENV),
+#   else ./.venv in the checkout (created here): CPU torch first (`pip install
+#   torch==2.13.0`; a bare `torch` would pull a multi-GB CUDA build), then this project,
+#   editable, with its test extras (`pip install -e '.[test]'`), then `pip check`.
+# Models are not installed here: `specvoice models pull` puts them in $SPECVOICE_HOME
+# (default ~/.cache/specvoice).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-SUDO=""
-if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
-need_apt=()
-command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
-command -v chromium >/dev/null || need_apt+=(chromium chromium-driver)
-ldconfig -p 2>/dev/null | grep -q libsndfile || need_apt+=(libsndfile1)
-ldconfig -p 2>/dev/null | grep -q libportaudio || need_apt+=(libportaudio2)
-if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
-  echo "[setup] apt-get install ${need_apt[*]}"
-  $SUDO apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+_sudo=""
+if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null; then _sudo="sudo"; fi
+_need_apt=()
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || _need_apt+=(mosquitto)
+command -v chromium >/dev/null || _need_apt+=(chromium chromium-driver)
+command -v espeak-ng >/dev/null || _need_apt+=(espeak-ng)
+ldconfig -p 2>/dev/null | grep -q libsndfile || _need_apt+=(libsndfile1)
+ldconfig -p 2>/dev/null | grep -q libportaudio || _need_apt+=(libportaudio2)
+if [ ${#_need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  echo "[setup] apt-get install ${_need_apt[*]} (system packages)"
+  $_sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $_sudo apt-get install -y -qq "${_need_apt[@]}" >/dev/null
 fi
 
-PY=${PYTHON:-python3}
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  if [ ! -x "$_root/.venv/bin/python" ]; then
+    echo "[setup] creating the virtual environment $_root/.venv"
+    "${PYTHON:-python3}" -m venv "$_root/.venv"
+  fi
+  # shellcheck disable=SC1091
+  . "$_root/.venv/bin/activate"
+fi
+echo "[setup] Python packages into $VIRTUAL_ENV"
 # CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-$PY -c "import torch" 2>/dev/null || $PY -m pip install -q torch==2.13.0
-$PY -m pip install -q -e '.[test]'
+python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
+python -m pip install -q -e "$_root[test]"
+python -m pip check

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The test command: set-up, the embedded models the tests use, then the whole suite.
+# The test command: set-up (scripts/setup.sh), the embedded models the tests use, then the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+source scripts/setup.sh
 # Voice models and the LLM pair (verified by SHA-256, converted once, cached in $SPECVOICE_HOME).
 specvoice models pull
 export SPECVOICE_REQUIRE_MODELS=1
 set +e
-python3 -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected no test: that is not a pass.
