@@ -492,6 +492,7 @@ class Call:
         turn.timeline.mark("first_sentence")
         turn.sentences.append(sentence)
         queue.put_nowait(sentence)
+        self._emit("sentence", turn=turn.index, text=sentence)
 
     async def _speak(self, turn: Turn, sentences: asyncio.Queue) -> None:
         """TTS each sentence as it comes; audio to the sink; a mark after each sentence."""
@@ -530,6 +531,7 @@ class Call:
             if ok and not turn._frozen:
                 turn.heard.append(sentence)
                 last = time.monotonic()
+                self._emit("heard", turn=turn.index, text=sentence)
         if last is not None and "first_audio_out" in turn.timeline:
             turn.timeline.mark("playback_done", max(last, turn.timeline.events["first_audio_out"]))
 

@@ -36,6 +36,29 @@ TOKEN = "reliability-" + secrets.token_hex(8)
 # ---------------------------------------------------------------- model stand-ins
 
 
+class _Work:
+    """How many STT / TTS stand-in calls are running right now, in any thread: a call that
+    ended must leave none behind (checked by `assert_released`)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def running(self):
+        with self._lock:
+            self.active += 1
+        try:
+            yield
+        finally:
+            work.__exit__(None, None, None)
+            with self._lock:
+                self.active -= 1
+
+
+VOICE_WORK = _Work()
+
+
 class EnergyVAD:
     """P(speech) from loudness: a tone is speech, digital silence is not."""
 
@@ -57,12 +80,13 @@ class ScriptedSTT:
         self.calls = 0
 
     def transcribe(self, audio: np.ndarray, sample_rate: int = 16000) -> str:
-        self.calls += 1
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        if self.error is not None:
-            raise self.error
-        return self.text(audio) if callable(self.text) else self.text
+        with VOICE_WORK.running():
+            self.calls += 1
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            if self.error is not None:
+                raise self.error
+            return self.text(audio) if callable(self.text) else self.text
 
 
 class ToneTTS:
@@ -78,6 +102,8 @@ class ToneTTS:
         with self._lock:
             self.active += 1
         self.started.set()
+        work = VOICE_WORK.running()
+        work.__enter__()
         try:
             n = int(16000 * self.chunk_s)
             tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / 16000)).astype(np.float32)
@@ -86,6 +112,7 @@ class ToneTTS:
                     time.sleep(self.delay_s)
                 yield AudioChunk(tone, 16000)
         finally:
+            work.__exit__(None, None, None)
             with self._lock:
                 self.active -= 1
 
@@ -307,10 +334,8 @@ class RawCaller:
 
 
 def voice_pool_idle() -> bool:
-    from pipeline.call import voice_executor
-
-    pool = voice_executor()
-    return pool._work_queue.qsize() == 0 and pool._idle_semaphore._value >= len(pool._threads)
+    """No STT or TTS stand-in is running in any thread."""
+    return VOICE_WORK.active == 0
 
 
 def snapshot() -> tuple[set, set]:
@@ -321,7 +346,7 @@ def snapshot() -> tuple[set, set]:
 
 async def assert_released(before: tuple[set, set], timeout: float = 8.0, allow_threads: tuple[str, ...] = ()) -> None:
     """No task or thread left running that was not there before (voice-pool workers may
-    have been created, but must all be idle)."""
+    have been created, but no STT or TTS work may still be running on them)."""
     tasks0, threads0 = before
     deadline = time.monotonic() + timeout
     while True:
