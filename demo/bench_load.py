@@ -185,9 +185,9 @@ def _words(text: str) -> set[str]:
 
 async def start_server(cfg, models, max_calls: int) -> dict[str, Any]:
     """The bridge (bearer token, max_calls) with the agent behind it, as `specvoice serve` runs it."""
-    from demo.auth import BridgeTokens
-    from demo.bridge import Bridge
-    from pipeline.telephony import make_call_handler
+    from pipeline.transports.telephony.auth import BridgeTokens
+    from pipeline.transports.telephony.server import Bridge
+    from pipeline.transports.telephony.adapter import make_call_handler
 
     token = secrets.token_urlsafe(24)
     handler = make_call_handler(cfg, models, report_dir=cfg.report.dir, greeting=False)
@@ -301,7 +301,7 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
             failures.append(f"caller {i}: {len(answered)}/{len(caller.lines)} answered, report "
                             f"{len(data['turns'])} turns, end {data['end_reason']}, error {data.get('error')}, "
                             f"task {'timeout' if not task.done() or task.cancelled() else exc!r}")
-    late = sum(c.stats.late_frames for c in wire_calls)
+    late = sum(c.output.stats.late_frames for c in wire_calls)
     sent_by_bridge = sum(c.stats.frames_sent for c in wire_calls)
     peak = sampler.peak_mb  # this level's peak
     sampler.peak_mb = max(peak0, peak)
@@ -314,7 +314,7 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
         "frames_received_by_callers": frames_in,
         "frames_sent_by_bridge": sent_by_bridge,
         "late_frames": late,
-        "max_gap_ms": round(max([c.stats.max_gap_s for c in wire_calls] or [0.0]) * 1000, 1),
+        "max_gap_ms": round(max([c.output.stats.max_gap_s for c in wire_calls] or [0.0]) * 1000, 1),
         "inbound_dropped": sum(c.stats.inbound_dropped for c in wire_calls),
         "v2v_p50_s": _pct(v2v_server, 0.5),
         "v2v_p95_s": _pct(v2v_server, 0.95),
@@ -433,11 +433,9 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    import demo.bridge  # noqa: F401 - pins its websockets logger at INFO on import; quieter here
-
     # Quieter bridge logs for the benchmark's duration only: in-process callers (the
     # tests) keep the levels they had.
-    loggers = [logging.getLogger(name) for name in ("demo.bridge", "demo.bridge.websockets")]
+    loggers = [logging.getLogger(name) for name in ("pipeline.transports.telephony.server", "pipeline.transports.telephony.server.websockets")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.WARNING)

@@ -59,7 +59,7 @@ async def _play_call(config, models, backend, wavs, report_dir: Path, label: str
     from voice.wav import read_wav
 
     source, sink = PushSource(), PacedSink()
-    call = Call(config, models, source, sink, backend=backend, mqtt=None, report_dir=report_dir,
+    call = Call.from_models(config, models, source, sink, backend=backend, mqtt=None, report_dir=report_dir,
                 call_id=f"bench-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     import asyncio
 

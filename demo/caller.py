@@ -33,19 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from demo.twilio import (
-    FRAME_BYTES,
-    SAMPLE_RATE,
-    Clear,
-    Connected,
-    Media,
-    OutboundMark,
-    OutboundMedia,
-    Start,
-    Stop,
-    encode_event,
-    parse_outbound,
-)
+from pipeline.transports.telephony.far_end import FarEnd
+from pipeline.transports.telephony.protocol import FRAME_BYTES, SAMPLE_RATE
 from voice import mulaw
 from voice.audio import resample, to_float32, to_int16
 
@@ -223,6 +212,7 @@ class SimulatedCaller:
         self._line_turn: CallerTurn | None = None
         self._audio_event = asyncio.Event()
         self._ws = None
+        self._far: FarEnd | None = None
 
     # -------------------------------------------------------- run
 
@@ -233,9 +223,8 @@ class SimulatedCaller:
         async with connect(self.url, additional_headers=self.headers, max_size=2 ** 22,
                            open_timeout=10) as ws:
             self._ws = ws
-            await ws.send(encode_event(Connected()))
-            await ws.send(encode_event(Start(r.stream_sid, r.call_sid, "AC" + "0" * 32,
-                                             custom_parameters=self.custom_parameters)))
+            self._far = FarEnd(ws, r.stream_sid, r.call_sid)
+            await self._far.open(self.custom_parameters)
             r.t0 = time.monotonic()
             sender = asyncio.create_task(self._sender())
             receiver = asyncio.create_task(self._receiver())
@@ -244,7 +233,7 @@ class SimulatedCaller:
                 await self._script()
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
-                await ws.send(encode_event(Stop(r.stream_sid, r.call_sid)))
+                await self._far.stop()
                 # The bridge hangs up once the agent has wrapped up (its report written).
                 try:
                     async with asyncio.timeout(15):
@@ -333,8 +322,7 @@ class SimulatedCaller:
             else:
                 frame = SILENCE
             self._caller_chunks.append(np.frombuffer(frame, np.uint8))
-            await ws.send(encode_event(Media(r.stream_sid, frame, chunk=k + 1, timestamp=int(k * 20),
-                                             sequence_number=k + 3)))
+            await self._far.send_audio(frame, k)
             k += 1
 
     async def _receiver(self) -> None:
@@ -345,18 +333,18 @@ class SimulatedCaller:
             async for raw in self._ws:
                 now = time.monotonic()
                 try:
-                    msg = parse_outbound(raw)
+                    msg = FarEnd.read(raw)
                 except Exception as exc:
                     r.bad_messages.append(f"{exc}: {str(raw)[:80]}")
                     continue
                 if msg.stream_sid != r.stream_sid:
                     r.bad_messages.append(f"wrong streamSid {msg.stream_sid}")
-                if isinstance(msg, OutboundMedia):
+                if msg.kind == "audio":
                     self._on_media(msg.payload, now)
-                elif isinstance(msg, OutboundMark):
+                elif msg.kind == "mark":
                     r.marks_received.append(msg.name)
                     self._pending_marks.append((max(self._play_end, now), msg.name))
-                elif isinstance(msg, Clear):
+                elif msg.kind == "clear":
                     self._on_clear(now)
         except ConnectionClosed:
             pass
@@ -397,7 +385,7 @@ class SimulatedCaller:
         from websockets.exceptions import ConnectionClosed
 
         try:
-            await self._ws.send(encode_event(_mark(self.result.stream_sid, name)))
+            await self._far.echo_mark(name)
             self.result.marks_echoed.append(name)
         except ConnectionClosed:
             pass
@@ -423,12 +411,6 @@ class SimulatedCaller:
         r.caller_track, r.agent_track = caller, agent
 
 
-def _mark(stream_sid: str, name: str):
-    from demo.twilio import Mark
-
-    return Mark(stream_sid, name)
-
-
 # ---------------------------------------------------------------- in-process bridge
 
 
@@ -445,9 +427,9 @@ async def call_in_process(
 ) -> tuple[CallerResult, Any]:
     """Start a bridge on 127.0.0.1 (random port, a bearer token made here), place one
     simulated call through it, and return (caller result, the pipeline Call)."""
-    from demo.auth import BridgeTokens
-    from demo.bridge import Bridge
-    from pipeline.telephony import make_call_handler
+    from pipeline.transports.telephony.auth import BridgeTokens
+    from pipeline.transports.telephony.server import Bridge
+    from pipeline.transports.telephony.adapter import make_call_handler
 
     token = secrets.token_urlsafe(24)
     handler = make_call_handler(config, models, report_dir=report_dir, greeting=greeting,

@@ -23,7 +23,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from demo.twilio import (
+    from pipeline.transports.telephony.protocol import (
         Connected,
         Dtmf,
         Mark,

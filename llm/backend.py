@@ -4,25 +4,41 @@
 
 The speculative engine runs in a worker thread (torch releases the GIL in its
 kernels), so the event loop stays free for audio while the model thinks. Groups cross
-to the loop through a queue as each target pass finishes. Cancelling (an asyncio or
+to the loop through one relay (threadrelay) as each target pass finishes. Cancelling (an asyncio or
 threading Event, or closing the iterator) stops the engine between passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from llm.engine import Conversation, SpeculativeEngine
 from llm.types import GenerationStats, SamplingParams, TokenGroup
+from threadrelay import relay
 
 
 class LLMBackend(Protocol):
+    """What a call needs of its language model.
+
+    `stream` yields one TokenGroup per step (a target pass in-process, a streamed chunk
+    from a server) and stops between steps once `cancel` is set, ending with a group whose
+    finish_reason is "cancelled". `last_stats` is the stats of the generation in progress
+    (updated as it runs), else of the last one; None before the first. `aclose` frees
+    what the backend holds (a conversation's KV cache, an HTTP client).
+    """
+
     def stream(
         self, messages: list[dict], params: SamplingParams, cancel: asyncio.Event | threading.Event | None = None
     ) -> AsyncIterator[TokenGroup]: ...
+
+    @property
+    def last_stats(self) -> GenerationStats | None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class SpeculativeBackend:
@@ -30,48 +46,41 @@ class SpeculativeBackend:
 
     def __init__(self, engine: SpeculativeEngine, conversation: Conversation | None = None):
         self.engine = engine
-        self.conversation = conversation or engine.new_conversation()
-        self.last_stats: GenerationStats | None = None
+        self.conversation: Conversation | None = conversation or engine.new_conversation()
+
+    @property
+    def last_stats(self) -> GenerationStats | None:
+        return self.conversation.last_stats if self.conversation is not None else None
+
+    async def aclose(self) -> None:
+        """The call is over: free its conversation (the KV cache) now."""
+        self.conversation = None
 
     async def stream(
         self, messages: list[dict], params: SamplingParams, cancel: asyncio.Event | threading.Event | None = None
     ) -> AsyncIterator[TokenGroup]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        stop = threading.Event()
+        if self.conversation is None:
+            raise RuntimeError("this backend was closed")
+        conversation = self.conversation
         prompt = await asyncio.to_thread(self.engine.chat_prompt, messages)
-        done = object()
-
-        def produce() -> None:
-            try:
-                for group in self.engine.stream(prompt, params, self.conversation, stop):
-                    loop.call_soon_threadsafe(queue.put_nowait, group)
-            except BaseException as exc:  # noqa: BLE001 - handed to the consumer to re-raise
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-            finally:
-                loop.call_soon_threadsafe(queue.put_nowait, done)
-
-        async def relay_cancel() -> None:
-            if isinstance(cancel, asyncio.Event):
-                await cancel.wait()
-            else:
-                while not cancel.is_set():
-                    await asyncio.sleep(0.01)
-            stop.set()
-
-        watcher = asyncio.create_task(relay_cancel()) if cancel is not None else None
-        worker = loop.run_in_executor(None, produce)
+        stop = _Stop(cancel)
         try:
-            while True:
-                item = await queue.get()
-                if item is done:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            async with contextlib.aclosing(
+                relay(lambda _closed: self.engine.stream(prompt, params, conversation, stop))
+            ) as groups:
+                async for group in groups:
+                    yield group
         finally:
-            stop.set()  # the consumer went away (barge-in, hang-up): stop at the next pass
-            if watcher is not None:
-                watcher.cancel()
-            await asyncio.shield(worker)
-            self.last_stats = self.conversation.last_stats
+            stop.closed.set()  # the consumer went away (barge-in, hang-up): stop at the next pass
+
+
+class _Stop:
+    """What the engine checks between passes: the caller's cancel (asyncio or threading
+    Event; reading a flag is safe from the worker thread) or the stream being closed."""
+
+    def __init__(self, cancel: asyncio.Event | threading.Event | None):
+        self.cancel = cancel
+        self.closed = threading.Event()
+
+    def is_set(self) -> bool:
+        return self.closed.is_set() or (self.cancel is not None and self.cancel.is_set())

@@ -1,65 +1,64 @@
-"""One call: audio in -> endpointer -> STT -> LLM (token groups) -> sentences -> TTS -> audio out.
+"""One call: the stages of pipeline/stages connected, turn by turn, over typed ports.
 
-    call = Call(config, models, source, sink)        # models: pipeline.agent.AgentModels
-    report = await call.run()                        # until the caller is gone; report written
+    call = Call(config, source, sink, stt=..., tts=..., backend=..., endpointer=...)
+    call = Call.from_models(config, models, source, sink)     # the same, from loaded AgentModels
+    report = await call.run()                                 # until the caller is gone; report written
 
-Everything runs on one asyncio loop; Whisper, the LLM and Piper run in worker threads,
-so the loop only moves audio, decides endpoints (Silero, ~0.2 ms a chunk) and stamps
-timelines. Small pieces, one job each:
+Data flow of one caller frame, in the order the code runs:
 
-- `History`: the conversation, trimmed to a token budget (oldest exchanges dropped first).
-- the input task: source frames -> endpointer; SpeechEnded -> utterance queue;
-  SpeechStarted while the agent responds -> barge-in.
-- the turn task (one at a time): STT, then `_respond`: the LLM stream feeds a
-  SentenceSplitter; each sentence goes to the speaker task the moment it is complete,
-  while the LLM keeps generating.
-- the speaker task: TTS per sentence, chunks to the sink as they come, a sink mark
-  after each sentence; the mark tracker moves a sentence into "heard" once the sink
-  confirms it has played.
+    source (AudioSource) -> stages.listen (endpointer) -> SpeechEnded -> utterance queue
+    -> turn runner: STT (worker thread) -> history -> stages.respond (LLM groups -> sentences)
+    -> sentence queue -> stages.speak (TTS -> sink.play, a mark per sentence) -> sink (AudioSink)
+    -> turn recorded: history (as heard), report, MQTT, callbacks
 
-Barge-in (caller speech declared while the agent is responding, config.pipeline.barge_in):
-the sink is cleared at once (telephony: `clear`), the LLM's cancel event is set (it
-stops between target passes), the turn task is cancelled, and history keeps only the
-sentences whose audio fully played (the confirmed marks). A partly played sentence is
-left out: we cannot tell which of its words were heard, and the model repeating
-something is better than it believing it said something the caller never heard.
+Everything runs on one asyncio loop; Whisper, the LLM and Piper run in worker threads, so
+the loop only moves audio, decides endpoints (Silero, ~0.2 ms a chunk) and stamps
+timelines. The call's own jobs are the input task (endpointer events: utterances to the
+turn runner, a barge-in to the turn in progress), the turn runner (one turn at a time,
+each built from its stages' results: a turn's state has one owner), recording and the
+call's lifecycle.
 
+Barge-in (caller speech declared while the agent is responding, config.pipeline.barge_in)
+is one event, `Turn.barge_in`: the speaker clears the sink at once (telephony: `clear`)
+and plays nothing more, the LLM stops between target passes (the event is its cancel),
+and history keeps only the sentences whose audio fully played (the confirmed marks). A
+partly played sentence is left out: we cannot tell which of its words were heard, and the
+model repeating something is better than it believing it said something never heard.
 Without barge-in (half-duplex), speech during the agent's answer is queued and answered
 after it.
-
-Timeline events (pipeline.timeline.EVENTS) are stamped by the stage that causes them;
-every metric comes from `compute_metrics` on them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
-from llm.types import GenerationStats, SamplingParams
+from llm.types import SamplingParams
 from pipeline.config import Config
 from pipeline.mqtt import MqttPublisher
+from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
 from pipeline.report import CallReport, write_report
 from pipeline.sentences import SentenceSplitter
+from pipeline.stages.listen import listen
+from pipeline.stages.respond import respond
+from pipeline.stages.speak import speak
 from pipeline.timeline import TurnTimeline
-from voice.endpointer import SpeechEnded, SpeechStarted
-from voice.tts import synthesize_async
+from pipeline.turn import History, LLMResult, Turn
+from voice.endpointer import Endpointer, SpeechEnded, SpeechStarted
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Call", "History", "Turn", "tts_stream", "voice_executor"]
+__all__ = ["Call", "History", "ModelSet", "Turn", "voice_executor"]
 
-_DEFAULT = object()
-_DONE = object()
 _voice_pool: ThreadPoolExecutor | None = None
 _voice_pool_lock = threading.Lock()
 
@@ -75,146 +74,58 @@ def voice_executor() -> ThreadPoolExecutor:
         return _voice_pool
 
 
-# ---------------------------------------------------------------- history
+class ModelSet(Protocol):
+    """What `Call.from_models` takes: pipeline.agent.AgentModels, or a test's stand-in."""
+
+    stt: SpeechToText
+    tts: TextToSpeech
+
+    def new_backend(self, config: Config | None = None) -> LLMBackend: ...
+
+    def new_endpointer(self) -> Endpointer: ...
+
+    def count_tokens(self, messages: list[dict]) -> int: ...
 
 
-@dataclass
-class History:
-    """System prompt + (user, agent-as-heard) exchanges, within a token budget.
+def _chars_token_count(messages: list[dict]) -> int:
+    from pipeline.agent import chars_token_count
 
-    `count_tokens(messages)` is the LLM's own count (chat template included); the budget
-    covers everything after the system prompt. The newest user message is always kept;
-    whole exchanges are dropped oldest first so roles keep alternating.
-    """
-
-    system_prompt: str
-    budget_tokens: int
-    count_tokens: Callable[[list[dict]], int]
-    exchanges: list[tuple[str, str]] = field(default_factory=list)
-    dropped: int = 0
-
-    def add(self, user_text: str, agent_text: str) -> None:
-        self.exchanges.append((user_text, agent_text))
-
-    def add_agent(self, agent_text: str) -> None:
-        """An agent line with no user line before it (the greeting)."""
-        self.exchanges.append(("", agent_text))
-
-    @staticmethod
-    def _messages(exchanges: list[tuple[str, str]]) -> list[dict]:
-        out = []
-        for user, agent in exchanges:
-            if user:
-                out.append({"role": "user", "content": user})
-            if agent:
-                out.append({"role": "assistant", "content": agent})
-        return out
-
-    def messages(self, user_text: str) -> list[dict]:
-        """The prompt for a new user message, trimming old exchanges to fit the budget."""
-        system = [{"role": "system", "content": self.system_prompt}]
-        base = self.count_tokens(system)
-        user = [{"role": "user", "content": user_text}]
-        while self.exchanges:
-            msgs = system + self._messages(self.exchanges) + user
-            if self.count_tokens(msgs) - base <= self.budget_tokens:
-                return msgs
-            self.exchanges.pop(0)
-            self.dropped += 1
-        return system + user
-
-
-# ---------------------------------------------------------------- turn state
-
-
-@dataclass
-class Turn:
-    index: int
-    timeline: TurnTimeline
-    user_text: str = ""
-    agent_text: str = ""
-    sentences: list[str] = field(default_factory=list)  # handed to TTS
-    heard: list[str] = field(default_factory=list)  # confirmed played (marks)
-    interrupted: bool = False
-    greeting: bool = False
-    error: str | None = None
-    finish_reason: str | None = None
-    stats: GenerationStats | None = None
-    groups: int = 0
-    audio_s: float = 0.0  # agent audio handed to the sink
-    cancel: asyncio.Event = field(default_factory=asyncio.Event)
-    barge_in_declared_t: float | None = None  # endpointer's decision time of the barge-in
-    llm_passes_at_barge_in: int | None = None
-    _stats_before: Any = None
-    _frozen: bool = False  # heard is final (barge-in)
-
-    @property
-    def heard_text(self) -> str:
-        return " ".join(self.heard)
-
-    @property
-    def llm_passes_after_barge_in(self) -> int | None:
-        if self.llm_passes_at_barge_in is None or self.stats is None:
-            return None
-        return self.stats.passes - self.llm_passes_at_barge_in
-
-
-# TTS in a worker thread of the call's executor; closing it waits for the chunk in progress.
-tts_stream = synthesize_async
-
-
-# ---------------------------------------------------------------- the call
+    return chars_token_count(messages)
 
 
 class Call:
-    """A conversation between one caller (an AudioSource) and the agent (to an AudioSink).
-
-    Components come from `models` (pipeline.agent.AgentModels) unless given one by one
-    (tests swap any stage): `backend` (LLM), `stt` (has `transcribe(audio)`), `tts` (has
-    `synthesize(text)`), `endpointer`, `count_tokens`.
-    """
+    """A conversation between one caller (an AudioSource) and the agent (to an AudioSink)."""
 
     def __init__(
         self,
         config: Config,
-        models: Any = None,
-        source: Any = None,
-        sink: Any = None,
+        source: AudioSource,
+        sink: AudioSink,
         *,
+        stt: SpeechToText,
+        tts: TextToSpeech,
+        backend: LLMBackend,
+        endpointer: Endpointer,
+        count_tokens: Callable[[list[dict]], int] = _chars_token_count,
         call_id: str | None = None,
-        backend: Any = None,
-        stt: Any = None,
-        tts: Any = None,
-        endpointer: Any = None,
-        count_tokens: Callable[[list[dict]], int] | None = None,
-        mqtt: Any = _DEFAULT,
+        mqtt: MqttPublisher | None | Literal["config"] = "config",
         report_dir: str | Path | None = None,
-        greeting: bool | str = False,
+        greeting: str = "",
         on_turn: Callable[[dict], None] | None = None,
         on_event: Callable[[str, dict], None] | None = None,
         executor: Executor | None = None,
     ):
-        self.config = config
-        self.models = models
-        self.source, self.sink = source, sink
-        self.call_id = call_id or f"call-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.backend = backend if backend is not None else models.new_backend(config)
-        self.stt = stt if stt is not None else models.stt
-        self.tts = tts if tts is not None else models.tts
-        self.endpointer = endpointer if endpointer is not None else models.new_endpointer()
-        counter = count_tokens or (models.count_tokens if models is not None else None)
-        if counter is None:
-            from pipeline.agent import chars_token_count
-
-            counter = chars_token_count
-        self.history = History(config.agent.system_prompt, config.agent.history_tokens, counter)
         from pipeline.agent import sampling_params
 
+        self.config = config
+        self.source, self.sink = source, sink
+        self.stt, self.tts, self.backend, self.endpointer = stt, tts, backend, endpointer
+        self.call_id = call_id or f"call-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.history = History(config.agent.system_prompt, config.agent.history_tokens, count_tokens)
         self.params: SamplingParams = sampling_params(config)
-        self._mqtt_arg = mqtt
-        self.mqtt: MqttPublisher | None = None
+        self.mqtt: MqttPublisher | None = (MqttPublisher.from_config(config.mqtt) if mqtt == "config" else mqtt)
         self.report_dir = Path(report_dir if report_dir is not None else config.report.dir)
-        self.greeting = config.agent.greeting if greeting is True else (greeting or "")
+        self.greeting = greeting
         self.on_turn = on_turn
         self.on_event = on_event
         self.executor = executor or voice_executor()
@@ -226,30 +137,40 @@ class Call:
         self.barge_ins = 0
         self.errors: list[str] = []
         self.llm_calls = 0
-        self._utterances: asyncio.Queue = asyncio.Queue()
-        self._active: Turn | None = None  # the turn the agent is responding in
-        self._audio_turn: Turn | None = None  # the turn whose audio the sink is playing
+        self._utterances: asyncio.Queue[SpeechEnded | None] = asyncio.Queue()
+        self._responding: Turn | None = None  # the turn the agent is answering in (barge-in target)
         self._turn_task: asyncio.Task | None = None
-        self._turn_done: asyncio.Event | None = None
-        self._marks = 0
-        self._busy = False
+        self._turn_done = asyncio.Event()
+        self._mark_names = (f"s{i}" for i in itertools.count(1))
+
+    @classmethod
+    def from_models(
+        cls, config: Config, models: ModelSet, source: AudioSource, sink: AudioSink, *,
+        greeting: bool | str = False, **overrides: Any,
+    ) -> "Call":
+        """A call whose stages come from loaded models; `overrides` swap any of them
+        (stt=, tts=, backend=, endpointer=, count_tokens=) or set Call's options."""
+        ports: dict[str, Any] = {"stt": models.stt, "tts": models.tts, "count_tokens": models.count_tokens}
+        if "backend" not in overrides:
+            ports["backend"] = models.new_backend(config)
+        if "endpointer" not in overrides:
+            ports["endpointer"] = models.new_endpointer()
+        text = config.agent.greeting if greeting is True else (greeting or "")
+        return cls(config, source, sink, greeting=text, **{**ports, **overrides})
 
     # ------------------------------------------------------------ public helpers
 
     @property
     def idle(self) -> bool:
         """No turn running or waiting, and the caller is not mid-utterance."""
-        return not self._busy and self._utterances.empty() and not self.endpointer.in_speech
+        return self._turn_task is None and self._utterances.empty() and not self.endpointer.in_speech
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
         async def waiter() -> None:
             while len(self.turns) < n:
-                assert self._turn_done is not None
                 self._turn_done.clear()
                 await self._turn_done.wait()
-        while self._turn_done is None:
-            await asyncio.sleep(0.01)
         try:
             await asyncio.wait_for(waiter(), timeout)
             return True
@@ -269,27 +190,21 @@ class Call:
         """Run until the source ends. Always writes the report and stops everything it
         started, whatever happens (error, cancellation, hang-up)."""
         self.report = CallReport.from_config(self.call_id, self.config)
-        self.mqtt = MqttPublisher.from_config(self.config.mqtt) if self._mqtt_arg is _DEFAULT else self._mqtt_arg
         if self.mqtt is not None:
             self.mqtt.start()  # connect while the caller speaks, not at the end of the first turn
-        self._turn_done = asyncio.Event()
-        if self.sink is not None:
-            self.sink.on_audio_out = self._on_audio_out
         end_reason, error = "completed", None
-        input_task = asyncio.create_task(self._input_loop(), name=f"{self.call_id}-input")
-        turns_task = asyncio.create_task(self._turn_loop(), name=f"{self.call_id}-turns")
+        input_task = asyncio.create_task(self._input(), name=f"{self.call_id}-input")
+        turns_task = asyncio.create_task(self._turn_runner(), name=f"{self.call_id}-turns")
         try:
             await asyncio.wait({input_task, turns_task}, return_when=asyncio.FIRST_COMPLETED)
             if turns_task.done():
                 turns_task.result()  # it only ends early by failing
             input_task.result()
-            if getattr(self.source, "hangup", False):
-                end_reason = getattr(self.source, "end_reason", None) or "caller_hangup"
+            if self.source.hangup:
+                end_reason = self.source.end_reason or "caller_hangup"
                 if self._turn_task is not None:
                     self._turn_task.cancel()
-                self._utterances.put_nowait(None)
-            else:
-                self._utterances.put_nowait(None)  # answer what was said, then end
+            self._utterances.put_nowait(None)  # answer what was said (unless hung up), then end
             await turns_task
         except asyncio.CancelledError:
             end_reason = "cancelled"
@@ -321,71 +236,35 @@ class Call:
                                                      "error": self.report.error, **summary})
             with contextlib.suppress(BaseException):
                 await self.mqtt.aclose(timeout=2.0)
-        if self.sink is not None:
-            with contextlib.suppress(BaseException):
-                await self.sink.aclose()
-        close = getattr(self.backend, "aclose", None)
-        if close is not None:
-            with contextlib.suppress(BaseException):
-                await close()
+        with contextlib.suppress(BaseException):
+            await self.sink.aclose()
+        with contextlib.suppress(BaseException):
+            await self.backend.aclose()
 
-    # ------------------------------------------------------------ input: endpointing, barge-in
+    # ------------------------------------------------------------ input: utterances and barge-in
 
-    async def _input_loop(self) -> None:
-        async for frame in self.source:
-            for event in self.endpointer.feed(frame.pcm, frame.t):
-                await self._on_endpoint(event)
-        if getattr(self.source, "hangup", False):
-            return  # the caller is gone: nobody to answer a half-said utterance
-        for event in self.endpointer.flush():
-            await self._on_endpoint(event)
+    async def _input(self) -> None:
+        async for event in listen(self.source, self.endpointer):
+            if isinstance(event, SpeechStarted):
+                self._emit("speech_started", t=event.declared_t)
+                turn = self._responding
+                if turn is not None and self.config.pipeline.barge_in and not turn.barge_in.fired:
+                    turn.barge_in.fire(event.declared_t)
+                    self.barge_ins += 1
+                    self._emit("barge_in", turn=turn.index, heard=turn.heard_text)
+            elif isinstance(event, SpeechEnded):
+                self._utterances.put_nowait(event)
 
-    async def _on_endpoint(self, event: Any) -> None:
-        if isinstance(event, SpeechStarted):
-            self._emit("speech_started", t=event.declared_t)
-            turn = self._active
-            if turn is not None and self.config.pipeline.barge_in and not turn._frozen:
-                await self._barge_in(turn, event)
-        elif isinstance(event, SpeechEnded):
-            self._utterances.put_nowait(event)
+    # ------------------------------------------------------------ the turn runner
 
-    async def _barge_in(self, turn: Turn, event: SpeechStarted) -> None:
-        """Stop talking now: clear the sink first (what the caller hears), then stop the LLM."""
-        turn._frozen = True  # what was heard is decided now, before the clear resolves marks
-        turn.interrupted = True
-        turn.barge_in_declared_t = event.declared_t
-        live = getattr(getattr(self.backend, "conversation", None), "last_stats", None)
-        if live is not None and live is not turn._stats_before:
-            turn.llm_passes_at_barge_in = live.passes
-        elif turn.timeline.get("llm_request") is not None:
-            turn.llm_passes_at_barge_in = 0
-        turn.cancel.set()
-        self.barge_ins += 1
-        await self.sink.clear()
-        turn.timeline.mark("barge_in")
-        if self._turn_task is not None and not self._turn_task.done():
-            self._turn_task.cancel()
-        self._emit("barge_in", turn=turn.index, heard=turn.heard_text)
-
-    def _on_audio_out(self, t: float) -> None:
-        turn = self._audio_turn
-        if turn is not None and "tts_first_audio" in turn.timeline and "first_audio_out" not in turn.timeline:
-            turn.timeline.mark("first_audio_out", t)
-
-    # ------------------------------------------------------------ turns
-
-    async def _turn_loop(self) -> None:
+    async def _turn_runner(self) -> None:
         if self.greeting:
-            await self._run_task(self._greet(self.greeting))
-        while True:
-            utterance = await self._utterances.get()
-            if utterance is None:
-                return
-            await self._run_task(self._run_turn(utterance))
+            await self._one_at_a_time(self._greet(self.greeting))
+        while (utterance := await self._utterances.get()) is not None:
+            await self._one_at_a_time(self._turn(utterance))
 
-    async def _run_task(self, coro: Any) -> None:
-        """Run one turn as its own task (so barge-in can cancel it without touching us)."""
-        self._busy = True
+    async def _one_at_a_time(self, coro: Any) -> None:
+        """Run one turn as its own task (so a hang-up can cancel it without touching us)."""
         task = asyncio.create_task(coro)
         self._turn_task = task
         try:
@@ -395,25 +274,24 @@ class Call:
                 task.cancel()
                 await _settle(task)
             self._turn_task = None
-            self._busy = False
         if not task.cancelled() and task.exception() is not None:
             log.error("turn failed: %r", task.exception())
 
     async def _greet(self, text: str) -> None:
-        turn = Turn(index=-1, timeline=TurnTimeline(index=-1), greeting=True, agent_text=text)
-        self._active = turn
+        turn = Turn(index=-1, timeline=TurnTimeline(index=-1), greeting=True, llm=LLMResult(text, [text]))
+        sentences: asyncio.Queue = asyncio.Queue()
+        sentences.put_nowait(text)
+        sentences.put_nowait(None)
+        self._responding = turn
         try:
-            queue: asyncio.Queue = asyncio.Queue()
-            queue.put_nowait(text)
-            queue.put_nowait(None)
-            turn.sentences.append(text)
-            await self._speak(turn, queue)
+            await speak(self.tts, self.sink, sentences, turn.timeline, turn.barge_in, self._mark_names, turn.speech,
+                        self.executor, self._turn_emitter(turn))
         finally:
-            self._active = None
-            if turn.heard:
-                self.history.add_agent(turn.heard_text)
+            self._responding = None
+        if turn.heard:
+            self.history.add_agent(turn.heard_text)
 
-    async def _run_turn(self, utterance: SpeechEnded) -> None:
+    async def _turn(self, utterance: SpeechEnded) -> None:
         tl = TurnTimeline(index=len(self.turns))
         tl.mark("speech_start", utterance.start_t)
         tl.mark("last_voiced", utterance.last_voiced_t)
@@ -436,114 +314,50 @@ class Call:
             return
         turn.user_text = text
         self._emit("transcript", turn=turn.index, text=text)
-        self._active = turn
+        self._responding = turn
         try:
-            await self._respond(turn)
+            await self._answer(turn)
         finally:
-            self._active = None
+            self._responding = None
             self._record(turn)
 
-    async def _respond(self, turn: Turn) -> None:
-        tl = turn.timeline
+    async def _answer(self, turn: Turn) -> None:
+        """The LLM stage and the speaker stage, side by side, joined by a sentence queue."""
         loop = asyncio.get_running_loop()
         messages = await loop.run_in_executor(self.executor, self.history.messages, turn.user_text)
         cfg = self.config.pipeline
-        splitter = SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words)
         sentences: asyncio.Queue = asyncio.Queue()
-        speaker = asyncio.create_task(self._speak(turn, sentences), name=f"{self.call_id}-speak-{turn.index}")
-        turn._stats_before = getattr(getattr(self.backend, "conversation", None), "last_stats", None)
+        emit = self._turn_emitter(turn)
+        self.llm_calls += 1
+        # Each stage fills its own part of the turn as it goes, so a hang-up mid-answer
+        # still leaves what was said and heard for the report.
+        speaker = asyncio.create_task(
+            speak(self.tts, self.sink, sentences, turn.timeline, turn.barge_in, self._mark_names, turn.speech,
+                  self.executor, emit),
+            name=f"{self.call_id}-speak-{turn.index}")
         try:
-            tl.mark("llm_request")
-            self.llm_calls += 1
-            try:
-                async with contextlib.aclosing(self.backend.stream(messages, self.params, turn.cancel)) as stream:
-                    async for group in stream:
-                        tl.mark("first_token", min(group.timestamp, time.monotonic()))
-                        turn.groups += 1
-                        if group.finish_reason:
-                            turn.finish_reason = group.finish_reason
-                        if group.text:
-                            turn.agent_text += group.text
-                            self._emit("llm_text", turn=turn.index, text=group.text)
-                            for sentence in splitter.feed(group.text):
-                                self._hand(turn, sentence, sentences)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # The model failed mid-answer: say what we have, record the error, go on.
-                log.exception("call %s: LLM failed in turn %d", self.call_id, turn.index)
-                turn.error = f"llm: {type(exc).__name__}: {exc}"
-                turn.finish_reason = "error"
-            finally:
-                turn.stats = getattr(self.backend, "last_stats", None)
-            for sentence in splitter.flush():
-                self._hand(turn, sentence, sentences)
-            tl.mark("llm_done")
-            sentences.put_nowait(None)
+            await respond(self.backend, messages, self.params,
+                          SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
+                          sentences, turn.timeline, turn.barge_in, turn.llm, emit)
             await speaker
         finally:
             if not speaker.done():
                 speaker.cancel()
             await _settle(speaker)
-            if "llm_request" in tl and "llm_done" not in tl and "first_token" in tl:
-                tl.mark("llm_done")  # cancelled: the stream ended here
+        turn.error = turn.llm.error or turn.speech.error
 
-    def _hand(self, turn: Turn, sentence: str, queue: asyncio.Queue) -> None:
-        turn.timeline.mark("first_sentence")
-        turn.sentences.append(sentence)
-        queue.put_nowait(sentence)
-        self._emit("sentence", turn=turn.index, text=sentence)
+    def _turn_emitter(self, turn: Turn) -> Callable[..., None]:
+        return lambda kind, **data: self._emit(kind, turn=turn.index, **data)
 
-    async def _speak(self, turn: Turn, sentences: asyncio.Queue) -> None:
-        """TTS each sentence as it comes; audio to the sink; a mark after each sentence."""
-        tl = turn.timeline
-        played: asyncio.Queue = asyncio.Queue()
-        tracker = asyncio.create_task(self._track_marks(turn, played))
-        try:
-            while (sentence := await sentences.get()) is not None:
-                tl.mark("tts_request")
-                async with contextlib.aclosing(tts_stream(self.tts, sentence, self.executor)) as chunks:
-                    async for chunk in chunks:
-                        tl.mark("tts_first_audio")
-                        self._audio_turn = turn
-                        turn.audio_s += chunk.duration
-                        await self.sink.play(chunk)
-                self._marks += 1
-                name = f"s{self._marks}"
-                await self.sink.mark(name)
-                played.put_nowait((name, sentence, turn.audio_s))
-            played.put_nowait(None)
-            await tracker
-        finally:
-            if not tracker.done():
-                tracker.cancel()
-            await _settle(tracker)
-
-    async def _track_marks(self, turn: Turn, played: asyncio.Queue) -> None:
-        start = time.monotonic()
-        last = None
-        while (item := await played.get()) is not None:
-            name, sentence, audio_until = item
-            # The sink confirms a mark once the audio before it has played; a peer that never
-            # echoes marks must not hang the call: allow the audio's length plus slack.
-            timeout = max(0.0, start + audio_until - time.monotonic()) + 10.0
-            ok = await self.sink.wait_mark(name, timeout)
-            if ok and not turn._frozen:
-                turn.heard.append(sentence)
-                last = time.monotonic()
-                self._emit("heard", turn=turn.index, text=sentence)
-        if last is not None and "first_audio_out" in turn.timeline:
-            turn.timeline.mark("playback_done", max(last, turn.timeline.events["first_audio_out"]))
+    # ------------------------------------------------------------ recording
 
     def _record(self, turn: Turn) -> None:
         """A finished turn: history gets what the caller heard; report, MQTT, callbacks."""
         assert self.report is not None
-        heard = turn.heard_text
         if turn.user_text:
-            self.history.add(turn.user_text, heard)
+            self.history.add(turn.user_text, turn.heard_text)
         entry = self.report.add_turn(
-            turn.timeline, turn.user_text, turn.agent_text, heard, turn.interrupted,
-            llm=turn.stats,
+            turn.timeline, turn.user_text, turn.agent_text, turn.heard_text, turn.interrupted, llm=turn.stats,
         )
         entry["finish_reason"] = turn.finish_reason
         if turn.error:
@@ -557,11 +371,10 @@ class Call:
                 self.on_turn(entry)
             except Exception:
                 log.exception("on_turn callback failed")
-        if self._turn_done is not None:
-            self._turn_done.set()
+        self._turn_done.set()
 
 
-async def _settle(*tasks: Any) -> None:
+async def _settle(*tasks: asyncio.Task | asyncio.Future | None) -> None:
     """Await tasks that were cancelled or finished, swallowing their outcome."""
     live = [t for t in tasks if t is not None]
     if live:

@@ -13,6 +13,7 @@ import json
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -21,9 +22,9 @@ import numpy as np
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from demo.auth import BridgeTokens
-from demo.bridge import Bridge
-from demo.twilio import Clear, Media, OutboundMark, OutboundMedia, Start, Stop, encode_event, parse_outbound
+from pipeline.transports.telephony.auth import BridgeTokens
+from pipeline.transports.telephony.server import Bridge
+from pipeline.transports.telephony.protocol import Clear, Media, OutboundMark, OutboundMedia, Start, Stop, encode_event, parse_outbound
 from llm.types import TokenGroup
 from pipeline.config import load_config
 from voice import mulaw
@@ -51,7 +52,6 @@ class _Work:
         try:
             yield
         finally:
-            work.__exit__(None, None, None)
             with self._lock:
                 self.active -= 1
 
@@ -102,19 +102,21 @@ class ToneTTS:
         with self._lock:
             self.active += 1
         self.started.set()
-        work = VOICE_WORK.running()
-        work.__enter__()
         try:
-            n = int(16000 * self.chunk_s)
-            tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / 16000)).astype(np.float32)
-            for _ in range(self.chunks):
-                if self.delay_s:
-                    time.sleep(self.delay_s)
-                yield AudioChunk(tone, 16000)
+            with VOICE_WORK.running():
+                n = int(16000 * self.chunk_s)
+                tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / 16000)).astype(np.float32)
+                for _ in range(self.chunks):
+                    if self.delay_s:
+                        time.sleep(self.delay_s)
+                    yield AudioChunk(tone, 16000)
         finally:
-            work.__exit__(None, None, None)
             with self._lock:
                 self.active -= 1
+
+
+class ConversationState:
+    """What a backend holds for its call (a KV cache in the real one)."""
 
 
 class ScriptedBackend:
@@ -128,7 +130,11 @@ class ScriptedBackend:
         self.started = asyncio.Event()
         self.opened = 0
         self.closed = 0
-        self.last_stats = None
+        self.last_stats = None  # a script has no passes to count
+        self.state: ConversationState | None = ConversationState()  # stands for a conversation's KV cache
+
+    async def aclose(self) -> None:
+        self.state = None  # as SpeculativeBackend drops its conversation
 
     async def stream(self, messages, params, cancel=None):
         self.opened += 1
@@ -156,10 +162,13 @@ class FakeModels:
     tts: Any = field(default_factory=ToneTTS)
     backend: Callable[[], Any] = field(default_factory=lambda: ScriptedBackend)
     backends: list = field(default_factory=list)
+    state_refs: list = field(default_factory=list)  # weak references to each backend's state
 
     def new_backend(self, config=None):
         b = self.backend()
         self.backends.append(b)
+        if getattr(b, "state", None) is not None:
+            self.state_refs.append(weakref.ref(b.state))
         return b
 
     def new_endpointer(self) -> Endpointer:
@@ -186,7 +195,7 @@ def rel_config(tmp_path: Path, **bridge: Any):
 async def agent_bridge(cfg, models: Any, *, greeting: bool | str = False, tokens: BridgeTokens | None = None,
                        **bridge_kw: Any):
     """The real bridge + make_call_handler(cfg, models); yields (bridge, port, handler)."""
-    from pipeline.telephony import make_call_handler
+    from pipeline.transports.telephony.adapter import make_call_handler
 
     handler = make_call_handler(cfg, models, report_dir=cfg.report.dir, greeting=greeting, preload=False)
     bridge = Bridge(cfg.bridge, handler, tokens or BridgeTokens.of(bearer_token=TOKEN), **bridge_kw)

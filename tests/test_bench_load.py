@@ -38,7 +38,7 @@ def test_short_soak_completes_every_call_and_loses_no_report(tmp_path):
     require_model("whisper-tiny.en")
     require_model("piper-joe-medium")
     out = tmp_path / "soak.json"
-    bridge_log = logging.getLogger("demo.bridge")
+    bridge_log = logging.getLogger("pipeline.transports.telephony.server")
     level = bridge_log.level
     threads = torch.get_num_threads()
     try:

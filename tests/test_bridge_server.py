@@ -15,9 +15,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from callfakes import wait_for
-from demo.auth import BridgeTokens, twilio_signature
-from demo.bridge import LATE_GAP_S, Bridge, BridgeAuthError, TelephonyCall
-from demo.twilio import (
+from pipeline.transports.telephony.auth import BridgeTokens, twilio_signature
+from pipeline.playout import LATE_GAP_S, wait_confirmed
+from pipeline.transports.telephony.server import Bridge, BridgeAuthError, TelephonyCall
+from pipeline.transports.telephony.protocol import (
     Clear,
     Dtmf,
     Mark,
@@ -30,6 +31,8 @@ from demo.twilio import (
     parse_outbound,
 )
 from pipeline.config import BridgeConfig
+from voice import mulaw
+from voice.tts import AudioChunk
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -42,12 +45,18 @@ def frame(i: int) -> bytes:
     return bytes([i % 256]) * 160
 
 
+def mulaw_chunk(payload: bytes) -> AudioChunk:
+    """mu-law bytes as audio for a call's output (which encodes it back, code for code)."""
+    return AudioChunk(mulaw.decode(payload), 8000)
+
+
 class Echo:
     """Test-only on_call: echoes audio; DTMF digits drive marks and clear."""
 
     def __init__(self):
         self.calls: list[TelephonyCall] = []
         self.events: list = []
+        self.marks: dict[str, asyncio.Future] = {}
         self.done = asyncio.Event()
 
     async def __call__(self, call: TelephonyCall) -> None:
@@ -56,13 +65,13 @@ class Echo:
             async for event in call:
                 self.events.append(event)
                 if isinstance(event, Media):
-                    await call.send_audio(event.payload)
+                    call.output.play(mulaw_chunk(event.payload))
                 elif isinstance(event, Dtmf) and event.digit in "AB":
-                    await call.send_mark(event.digit)
+                    self.marks[event.digit] = call.output.mark(event.digit)
                 elif isinstance(event, Dtmf) and event.digit == "9":
-                    await call.send_audio(b"\x7f" * 8000 * 2)  # two seconds
+                    call.output.play(mulaw_chunk(b"\xff" * 8000 * 2))  # two seconds
                     await asyncio.sleep(0.1)  # the caller talks over the agent 0.1 s in
-                    await call.clear()
+                    await call.output.clear()
                 elif isinstance(event, Dtmf) and event.digit == "0":
                     raise RuntimeError("handler bug")
         finally:
@@ -158,7 +167,7 @@ async def test_echo_pacing_marks_and_clear():
             assert arrivals[-1] - t_first >= 0.18 - 0.001
 
             call = echo.calls[0]
-            assert await call.wait_mark("A", timeout=2) and await call.wait_mark("B", timeout=2)
+            assert await wait_confirmed(echo.marks["A"], 2) and await wait_confirmed(echo.marks["B"], 2)
             assert call.played_marks == ["A", "B"]
             assert call.start.custom_parameters == {"From": "+15550100"}
             assert call.stats.frames_sent == 10 and call.stats.marks_sent == 2
@@ -177,7 +186,7 @@ async def test_echo_pacing_marks_and_clear():
             # fire in that order however late the loop runs them).
             assert 2 <= media_after < 100, media_after
             await wait_for(lambda: call.stats.clears_sent == 1, 5, "the server to count its clear")
-            assert call.queued_audio_s == 0
+            assert call.output.queued_s == 0
             await ws.send(encode_event(Stop(SID, "CA0001", "AC0001")))
             rest = await read_until_closed(ws)  # the close is the barrier: nothing of the old audio came
             assert not [m for m in rest if isinstance(m, OutboundMedia)], rest
@@ -386,8 +395,8 @@ async def test_disconnect_cancels_a_stuck_handler():
 
 async def test_handler_ending_hangs_up_after_audio_drained():
     async def greeter(call: TelephonyCall) -> None:
-        await call.send_audio(b"\x7f" * 800)  # 100 ms
-        await call.send_mark("bye")
+        call.output.play(mulaw_chunk(b"\xff" * 800))  # 100 ms
+        call.output.mark("bye")
 
     async with running_bridge(greeter, send_ahead_s=0.0) as (_, port):
         async with connect(stream_url(port), additional_headers=bearer()) as ws:
@@ -416,7 +425,7 @@ class Recorder:
         if self.stall_at is not None and len(self.sent) == self.stall_at:
             time.sleep(self.stall_s)  # a blocked event loop (a model step on the loop thread)
         if self.send_s:
-            time.sleep(self.send_s)
+            time.sleep(self.send_s)  # a slow write (the loop is blocked meanwhile)
         self.sent.append((asyncio.get_running_loop().time(), parse_outbound(text)))
         self.changed.set()
 
@@ -442,12 +451,11 @@ async def test_pacing_has_no_drift_over_a_second():
     frame); on the absolute clock they never accumulate."""
     rec = Recorder(send_s=0.01)
     call = TelephonyCall(Start(SID, "CA", "AC"), rec, send_ahead_s=0.0)
-    call._start_sender()
     t_start = asyncio.get_running_loop().time()
     for _ in range(10):  # 1 s of audio in uneven chunks
-        await call.send_audio(b"\x7f" * 799)
-    await call.send_audio(b"\x7f" * 10)
-    assert await call.drain(timeout=30)
+        call.output.play(mulaw_chunk(b"\xff" * 799))
+    call.output.play(mulaw_chunk(b"\xff" * 10))
+    assert await call.output.drain(timeout=30)
     times = [t for t, m in rec.sent]
     assert len(times) == 50 and all(len(m.payload) == 160 for _, m in rec.sent)
     # Frame k is due at start + k * 20 ms and is recorded after its 10 ms write: never earlier.
@@ -458,48 +466,46 @@ async def test_pacing_has_no_drift_over_a_second():
     drift = statistics.median(late[-10:]) - statistics.median(late[:10])
     assert drift < 0.2, (drift, late)
     lo, hi = late_gap_bounds(times)
-    assert lo <= call.stats.late_frames <= hi and call.stats.frames_sent == 50
-    await call._close()
+    assert lo <= call.output.stats.late_frames <= hi and call.stats.frames_sent == 50
+    await call.close()
 
 
 async def test_late_frames_are_counted_when_the_loop_stalls():
     rec = Recorder(stall_at=5, stall_s=0.08)
     call = TelephonyCall(Start(SID, "CA", "AC"), rec, send_ahead_s=0.0)
-    call._start_sender()
-    await call.send_audio(b"\x7f" * 1600)
-    assert await call.drain(timeout=10)
+    call.output.play(mulaw_chunk(b"\xff" * 1600))
+    assert await call.output.drain(timeout=10)
     # The stall is one late frame (a 100 ms gap); the frames due meanwhile then go out at
     # once and are not late. A busy machine may add late frames of its own: they must be
     # counted too, and only they.
     lo, hi = late_gap_bounds([t for t, m in rec.sent])
-    assert call.stats.late_frames >= 1 and lo <= call.stats.late_frames <= hi
-    assert call.stats.max_gap_s >= 0.08
-    await call._close()
+    assert call.output.stats.late_frames >= 1 and lo <= call.output.stats.late_frames <= hi
+    assert call.output.stats.max_gap_s >= 0.08
+    await call.close()
 
 
 async def test_clear_drops_unsent_audio_and_marks():
     rec = Recorder()
     call = TelephonyCall(Start(SID, "CA", "AC"), rec, send_ahead_s=0.0)
-    call._start_sender()
-    await call.send_audio(b"\x7f" * 8000)
-    await call.send_mark("end")
+    call.output.play(mulaw_chunk(b"\xff" * 8000))
+    end = call.output.mark("end")
     await rec.wait_sent(3)  # some of it has gone out
     n_before = len(rec.sent)
-    await call.clear()
-    assert await call.wait_mark("end", timeout=1) is False  # never sent: cleared
+    await call.output.clear()
+    assert await wait_confirmed(end, 1) is False  # never sent: cleared
     # Audio after a clear plays again from a fresh clock.
-    await call.send_audio(b"\x7f" * 320)
-    await call.send_mark("again")
-    assert await call.drain(timeout=5)
+    call.output.play(mulaw_chunk(b"\xff" * 320))
+    again = call.output.mark("again")
+    assert await call.output.drain(timeout=5)
     # Nothing of the cleared audio, nor its mark, went out after the clear: the new audio
     # and its mark come right after it.
     kinds = [type(m).__name__ for _, m in rec.sent]
     assert kinds == ["OutboundMedia"] * n_before + ["Clear", "OutboundMedia", "OutboundMedia", "OutboundMark"], kinds
     assert rec.sent[-1][1].name == "again"
-    call._deliver(Mark(SID, "again"))
-    assert await call.wait_mark("again", timeout=1) is True
-    await call._close()
-    assert await call.wait_mark("never", timeout=0.1) is False
+    call.deliver(Mark(SID, "again"))
+    assert await wait_confirmed(again, 1) is True
+    await call.close()
+    assert await wait_confirmed(call.output.mark("never"), 0.1) is False
 
 
 async def test_stop_with_a_call_in_progress():

@@ -33,6 +33,23 @@ from callfakes import (
 pytestmark = pytest.mark.timeout(60)
 
 
+class CountingBackend(ScriptedBackend):
+    """A ScriptedBackend that counts the groups it has handed out."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.yielded = 0
+
+    async def stream(self, messages, params, cancel=None):
+        inner = super().stream(messages, params, cancel)
+        try:
+            async for group in inner:
+                self.yielded += 1
+                yield group
+        finally:
+            await inner.aclose()
+
+
 async def _started(models: FakeModels, n: int = 1) -> ScriptedBackend:
     await wait_for(lambda: len(models.backends) >= n and models.backends[n - 1].started.is_set(), 10, "the LLM")
     return models.backends[n - 1]
@@ -63,13 +80,15 @@ async def test_disconnect_mid_utterance(tmp_path):
 
 async def test_disconnect_mid_llm(tmp_path):
     cfg = rel_config(tmp_path)
-    models = FakeModels(backend=lambda: ScriptedBackend(["Let me see. "] + ["and so on "] * 40, delay_s=0.1))
+    groups = ["Let me see. "] + ["and so on "] * 40
+    models = FakeModels(backend=lambda: CountingBackend(groups, delay_s=0.1))
     async with agent_bridge(cfg, models) as (bridge, port, handler):
         before = snapshot()
         c = await RawCaller(port).open()
         await c.say()
         backend = await _started(models)
-        await asyncio.sleep(0.3)  # the LLM is mid-answer
+        # The LLM is mid-answer: its first sentence and more are out, 3.8 s of groups to go.
+        await wait_for(lambda: backend.yielded >= 3, 10, "the LLM to be mid-answer")
         await c.abort()
         data = await report_of(cfg, c.call_sid)
         assert data["end_reason"] == "caller_hangup"
@@ -77,7 +96,8 @@ async def test_disconnect_mid_llm(tmp_path):
         assert turn["user_text"] and turn["agent_text"].startswith("Let me see")
         assert backend.closed == backend.opened == 1  # the stream was closed, not left generating
         # Stopped at the hang-up, not run to the end of its 41 groups (4 s).
-        assert len(turn["agent_text"]) < len("Let me see. " + "and so on " * 40)
+        assert backend.yielded < len(groups)
+        assert len(turn["agent_text"]) < len("".join(groups))
         models.backend = ScriptedBackend
         await a_good_call(port, cfg)
         await assert_released(before)
@@ -343,21 +363,18 @@ def test_model_file_deleted_from_cache_is_a_clear_error(tmp_path, monkeypatch):
 
 async def test_finished_calls_release_their_llm_state(tmp_path):
     """A long-running bridge must not keep every call's LLM conversation (its KV cache):
-    once a call ended, its backend is unreachable; the handler lists a bounded number."""
+    once a call ended, its backend has let its state go; the handler lists a bounded number."""
     import gc
-    import weakref
 
-    from pipeline.telephony import KEEP_CALLS
+    from pipeline.transports.telephony.adapter import KEEP_CALLS
 
     cfg = rel_config(tmp_path)
     models = FakeModels()
     async with agent_bridge(cfg, models) as (bridge, port, handler):
         await a_good_call(port, cfg)
         await a_good_call(port, cfg)
-        refs = [weakref.ref(b) for b in models.backends]
-        models.backends.clear()  # the test's own list, not the pipeline's
         gc.collect()
-        assert [r() for r in refs] == [None, None]
+        assert len(models.state_refs) == 2 and [r() for r in models.state_refs] == [None, None]
         assert len(handler.calls) == 2 and all(c.report_path for c in handler.calls)
         handler.calls.extend([handler.calls[0]] * (KEEP_CALLS + 5))
         c = await RawCaller(port).open()

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from demo import report_html
-from demo.twilio import (
+from pipeline.transports.telephony.protocol import (
     FRAME_BYTES,
     MAX_CUSTOM_PARAMETERS,
     MAX_STRING,
@@ -131,29 +131,44 @@ def test_payload_limit_is_exact(payload, limit):
 @given(st.lists(st.one_of(st.binary(min_size=0, max_size=700), st.text(alphabet="abc", min_size=1, max_size=3)),
                 max_size=25))
 def test_outbound_framer_any_chunking_gives_whole_frames_in_order(items):
-    """TelephonyCall's queue: audio chunks of any size and marks -> 160-byte frames (only
-    the last before a mark or the end may be short), bytes and marks in order."""
-    from demo.bridge import TelephonyCall
+    """The paced output (a phone call's, 8 kHz): audio chunks of any size and marks ->
+    160-sample frames (only the last before a mark or the end may be short), samples and
+    marks in order. Sent far ahead of real time, so nothing waits on the clock."""
+    from pipeline.playout import Playout
+    from pipeline.transports.telephony.server import TwilioWriter
+    from voice import mulaw
+    from voice.tts import AudioChunk
+
+    class Wire:
+        """What a TwilioWriter sends: media payloads and mark names, in order."""
+
+        def __init__(self):
+            self.out: list = []
+
+        async def send_media_now(self, payload: bytes) -> None:
+            self.out.append(payload)
+
+        async def send_mark_now(self, name: str) -> None:
+            self.out.append(name)
+
+        async def send_clear_now(self) -> None:
+            self.out.append(None)
 
     async def run():
-        call = TelephonyCall(Start("MZ1", "CA1", "AC1"), _noop_send)
+        wire = Wire()
+        output = Playout(TwilioWriter(wire), ahead_s=1e6)
         for item in items:
             if isinstance(item, bytes):
-                await call.send_audio(item)
+                output.play(AudioChunk(mulaw.decode(item), 8000))
             else:
-                await call.send_mark(item)
-        out = []
-        while call._outbound:
-            head = call._outbound[0]
-            if not isinstance(head, tuple):
-                out.append(call._outbound.popleft().name)
-                continue
-            out.append(call._take_frame())
-        await call._close()
-        return out
+                output.mark(item)
+        assert await output.drain(timeout=60)
+        await output.aclose()
+        return wire.out
 
     out = asyncio.run(run())
-    expected_audio = b"".join(i for i in items if isinstance(i, bytes))
+    # mu-law has two zeros (0x7f, 0xff); the output writes the positive one.
+    expected_audio = b"".join(i for i in items if isinstance(i, bytes)).replace(b"\x7f", b"\xff")
     assert b"".join(o for o in out if isinstance(o, bytes)) == expected_audio
     assert [o for o in out if isinstance(o, str)] == [i for i in items if isinstance(i, str)]
     for a, b in zip(out, out[1:] + [None]):
@@ -193,7 +208,7 @@ def test_mulaw_encode_floats_clips_not_wraps(values):
 def test_telephony_source_any_payload_lengths(payloads):
     """Odd, empty and uneven media payloads: 16 kHz float frames, finite, about twice as
     many samples as bytes in (the resampler's latency aside)."""
-    from pipeline.telephony import TelephonySource
+    from pipeline.transports.telephony.adapter import TelephonySource
 
     class Call:
         stream_sid = "MZ1"

@@ -204,7 +204,7 @@ async def test_call_from_speech_timeline_metrics_mqtt_and_loop_lag(models, speec
         source, sink = PushSource(), PacedSink()
         voice_pool = ThreadPoolExecutor(4, thread_name_prefix="test-voice")
         backend = SpeculativeBackend(dataclasses.replace(models.engine, lock=spy.lock(models.engine.lock)))
-        call = Call(cfg, models, source, sink, call_id="call-main", executor=voice_pool, backend=backend,
+        call = Call.from_models(cfg, models, source, sink, call_id="call-main", executor=voice_pool, backend=backend,
                     stt=spy.stt(models.stt), tts=spy.tts(models.tts))
         stop, lags = asyncio.Event(), []
         ticker = asyncio.create_task(_ticker(stop, lags))
@@ -219,7 +219,7 @@ async def test_call_from_speech_timeline_metrics_mqtt_and_loop_lag(models, speec
         for turn in call.turns:
             t0 = turn.timeline.get("first_audio_out")
             assert t0 is not None, f"turn {turn.index}: no audio out"
-            assert len(sink.recording.audio(t0, turn.timeline.get("playback_done"))) > 16000 * 0.5
+            assert len(sink.writer.recording.audio(t0, turn.timeline.get("playback_done"))) > 16000 * 0.5
         assert "saturday" in call.turns[0].user_text.lower()
         assert "clean" in call.turns[1].user_text.lower()
 
@@ -311,9 +311,8 @@ class HeldAfterFirstSentence:
     def last_stats(self):
         return self.inner.last_stats
 
-    @property
-    def conversation(self):
-        return self.inner.conversation
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
     async def stream(self, messages, params, cancel=None):
         from pipeline.sentences import SentenceSplitter
@@ -346,7 +345,7 @@ async def test_barge_in_stops_output_and_llm_and_keeps_only_heard(models, speech
             barged.set()
 
     source, sink = PushSource(), PacedSink()
-    call = Call(cfg, models, source, sink, backend=backend, call_id="call-barge", on_event=on_event)
+    call = Call.from_models(cfg, models, source, sink, backend=backend, call_id="call-barge", on_event=on_event)
     task = asyncio.create_task(call.run())
     try:
         source.push(speech["describe"])  # a long answer (SmolLM2 talks on)
@@ -364,13 +363,13 @@ async def test_barge_in_stops_output_and_llm_and_keeps_only_heard(models, speech
     t0, t1 = call.turns
     assert t0.interrupted and not t1.interrupted and call.barge_ins == 1
     declared = t0.barge_in_declared_t
-    assert declared is not None and sink.clears
+    assert declared is not None and sink.stats.clears
     # Output stopped at the barge-in: the sink was cleared when the endpointer declared the
     # caller's speech, and no agent frame played after the clear until the next answer.
-    cleared = sink.clears[0]
+    cleared = sink.stats.clears[0]
     assert cleared >= declared
     next_audio = t1.timeline.get("first_audio_out")
-    late = [t for t in sink.recording.times() if cleared < t < next_audio]
+    late = [t for t in sink.writer.recording.times() if cleared < t < next_audio]
     assert late == [], f"{len(late)} frames played after the clear, the last {late[-1] - cleared:.3f} s after it"
     # The LLM stopped within one target pass of the barge-in.
     assert t0.llm_passes_after_barge_in is not None and t0.llm_passes_after_barge_in <= 1, \
@@ -397,7 +396,7 @@ async def test_broker_stopped_mid_call_call_completes_and_report_written(models,
     broker.start()
     cfg = small_config(tmp_path, enabled=True, port=broker.port, topic_prefix="svtest", retry_s=0.05)
     source, sink = PushSource(), PacedSink()
-    call = Call(cfg, models, source, sink, call_id="call-outage")
+    call = Call.from_models(cfg, models, source, sink, call_id="call-outage")
     task = asyncio.create_task(call.run())
     try:
         source.push(speech["price"])
@@ -429,6 +428,9 @@ class SpyBackend:
         self.fail_after = fail_after
         self.last_stats = None
 
+    async def aclose(self) -> None:
+        return None
+
     async def stream(self, messages, params, cancel=None):
         from llm.types import TokenGroup
 
@@ -450,7 +452,7 @@ class FixedSTT:
 async def test_silent_utterance_makes_no_llm_call(models, speech, tmp_path):
     backend = SpyBackend()
     source, sink = PushSource(realtime=False, tail_s=1.0), PacedSink()
-    call = Call(small_config(tmp_path), models, source, sink, backend=backend, stt=FixedSTT(""),
+    call = Call.from_models(small_config(tmp_path), models, source, sink, backend=backend, stt=FixedSTT(""),
                 call_id="call-silent")
     source.push(speech["price"])
     source.close()
@@ -464,7 +466,7 @@ async def test_silent_utterance_makes_no_llm_call(models, speech, tmp_path):
 async def test_llm_raising_ends_turn_and_report_records_error(models, speech, tmp_path):
     backend = SpyBackend(fail_after=1)
     source, sink = PushSource(realtime=False, tail_s=1.0), PacedSink()
-    call = Call(small_config(tmp_path), models, source, sink, backend=backend, stt=FixedSTT("Hello there."),
+    call = Call.from_models(small_config(tmp_path), models, source, sink, backend=backend, stt=FixedSTT("Hello there."),
                 call_id="call-llm-error")
     source.push(speech["price"])
     source.close()
@@ -489,7 +491,7 @@ async def test_wav_files_through_real_stt_make_turns(models, tmp_path):
     names = ["LJ001-0002.wav", "LJ001-0008.wav"]
     backend = SpyBackend()
     sink = PacedSink()
-    call = Call(small_config(tmp_path), models, wav_source([clips[n][0] for n in names], gap_s=1.5), sink,
+    call = Call.from_models(small_config(tmp_path), models, wav_source([clips[n][0] for n in names], gap_s=1.5), sink,
                 backend=backend, call_id="call-wav")
     await asyncio.wait_for(call.run(), 60)
     assert backend.calls == 2 and len(call.turns) == 2
@@ -498,7 +500,7 @@ async def test_wav_files_through_real_stt_make_turns(models, tmp_path):
         got = {w.strip(",.").lower() for w in turn.user_text.split()}
         assert len(want & got) >= len(want) // 2, (clips[name][1], turn.user_text)
         assert turn.timeline.get("first_audio_out") is not None
-    out = sink.recording.write(tmp_path / "agent.wav", call.turns[0].timeline.get("speech_start"))
+    out = sink.writer.recording.write(tmp_path / "agent.wav", call.turns[0].timeline.get("speech_start"))
     from voice.wav import read_wav
 
     pcm, rate = read_wav(out, sample_rate=None)

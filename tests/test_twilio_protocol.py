@@ -12,8 +12,8 @@ from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from demo import auth
-from demo.twilio import (
+from pipeline.transports.telephony import auth
+from pipeline.transports.telephony.protocol import (
     Clear,
     Connected,
     Dtmf,
@@ -193,7 +193,7 @@ def test_outbound_round_trip(sid, payload, name):
 # ---------------------------------------------------------------- auth helpers
 
 def reference_signature(token: str, url: str, params: dict[str, str] | None = None) -> str:
-    """Twilio's documented algorithm, written independently of demo.auth."""
+    """Twilio's documented algorithm, written independently of pipeline.transports.telephony.auth."""
     data = url + "".join(k + params[k] for k in sorted(params or {}))
     return base64.b64encode(hmac.new(token.encode(), data.encode(), hashlib.sha1).digest()).decode()
 

@@ -15,7 +15,6 @@ event loop as they are made.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import threading
@@ -27,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from threadrelay import relay
 from voice.errors import EngineNotInstalledError, ModelFileMissingError, ModelLoadError, pull_hint_for
 from voice.normalize import normalize_for_speech
 
@@ -180,7 +180,6 @@ def load_tts(engine: str, model_path: str | Path, **kwargs) -> TTSEngine:
 
 # ---------------------------------------------------------------- async streaming
 
-_DONE = object()
 
 
 async def synthesize_async(engine: TTSEngine, text: str, executor: Executor | None = None) -> AsyncIterator[AudioChunk]:
@@ -191,31 +190,6 @@ async def synthesize_async(engine: TTSEngine, text: str, executor: Executor | No
     for it, so no synthesis outlives its caller. `executor`: the thread pool to run on
     (default: the loop's).
     """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-    stop = threading.Event()
-
-    def work() -> None:
-        try:
-            for chunk in engine.synthesize(text):
-                if stop.is_set():
-                    break
-                loop.call_soon_threadsafe(queue.put_nowait, chunk)
-        except BaseException as exc:  # hand any failure to the consumer
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
-        finally:
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-
-    worker = loop.run_in_executor(executor, work)
-    try:
-        while True:
-            item = await queue.get()
-            if item is _DONE:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        with contextlib.suppress(BaseException):  # its failure, if any, was already raised above
-            await asyncio.shield(worker)
+    async with contextlib.aclosing(relay(lambda _stop: engine.synthesize(text), executor)) as chunks:
+        async for chunk in chunks:
+            yield chunk

@@ -101,14 +101,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"specvoice call: {exc}", file=sys.stderr)
         return 1
 
-    import logging
-
-    if not logging.getLogger().isEnabledFor(logging.INFO):
-        # The bridge pins its websockets logger at INFO when imported; keep the table readable.
-        import demo.bridge  # noqa: F401
-
-        logging.getLogger("demo.bridge.websockets").setLevel(logging.WARNING)
-
     def on_server_turn(call_id: str, entry: dict) -> None:
         print(server_row(entry), flush=True)
 

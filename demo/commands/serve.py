@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from demo.auth import AuthConfigError, load_tokens
-    from demo.bridge import Bridge, check_auth_configured
+    from pipeline.transports.telephony.auth import AuthConfigError, load_tokens
+    from pipeline.transports.telephony.server import Bridge, check_auth_configured
     from pipeline.config import ConfigError, load_config
 
     try:
@@ -58,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("demo.serve").warning("--insecure: anyone who can reach the port can place calls")
 
     try:
-        from pipeline.telephony import make_call_handler
+        from pipeline.transports.telephony.adapter import make_call_handler
     except ImportError as exc:
         print(
             "specvoice serve: the telephony pipeline is not available "
-            f"(pipeline.telephony.make_call_handler: {exc})", file=sys.stderr,
+            f"(pipeline.transports.telephony.adapter.make_call_handler: {exc})", file=sys.stderr,
         )
         return 2
 

@@ -6,12 +6,9 @@
 In: 20 ms mu-law 8 kHz `media` -> int16 -> float32 -> 16 kHz (one streaming resampler
 per call, so no edge clicks between packets) -> AudioFrame stamped with the packet's
 capture time (arrival minus its duration).
-Out: TTS chunks -> 8 kHz -> mu-law -> `send_audio` (the bridge paces 20 ms frames in
-real time); a `mark` after each sentence, echoed by the far end once it has played it;
-`clear` on barge-in.
-
-The call object is duck-typed (start, async iteration, send_audio, send_mark, wait_mark,
-clear): pipeline/ does not import demo/.
+Out: the call's output (`TelephonyCall.output`, the one paced output over a TwilioWriter):
+20 ms frames of 8 kHz mu-law `media` in real time, a `mark` after each sentence (Twilio
+echoes it once it has played, which confirms it), `clear` on barge-in.
 """
 
 from __future__ import annotations
@@ -26,21 +23,24 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import Config
-from pipeline.io import AudioFrame
+from pipeline.ports import AudioFrame
+from pipeline.transports.telephony.protocol import Dtmf, Media, Stop
+from pipeline.transports.telephony.server import TelephonyCall
 from voice import mulaw
 from voice.audio import PHONE_RATE, STT_RATE, to_float32, to_int16
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TelephonySource", "TelephonySink", "make_call_handler"]
+__all__ = ["TelephonySource", "make_call_handler"]
 
 KEEP_CALLS = 64  # finished pipeline Calls kept in `on_call.calls` (tests, the in-process demo)
 
 
 class TelephonySource:
-    """Inbound media of a TelephonyCall as 16 kHz AudioFrames. Ends when the caller stops."""
+    """Inbound media of a TelephonyCall as 16 kHz AudioFrames. Ends when the caller stops.
+    (Mark echoes confirm marks on the call's output, in the server.)"""
 
-    def __init__(self, call: Any):
+    def __init__(self, call: TelephonyCall):
         import soxr
 
         self.call = call
@@ -53,15 +53,14 @@ class TelephonySource:
     def end_reason(self) -> str | None:
         """Set by the bridge when it ended the call (idle_timeout, protocol_error,
         server_shutdown); None when the caller hung up."""
-        return getattr(self.call, "end_reason", None)
+        return self.call.end_reason
 
     def __aiter__(self) -> AsyncIterator[AudioFrame]:
         return self._frames()
 
     async def _frames(self) -> AsyncIterator[AudioFrame]:
         async for event in self.call:
-            kind = type(event).__name__
-            if kind == "Media":
+            if isinstance(event, Media):
                 payload = event.payload
                 if not payload:
                     continue
@@ -70,62 +69,12 @@ class TelephonySource:
                 pcm16 = self._resampler.resample_chunk(pcm8)
                 if len(pcm16):
                     yield AudioFrame(np.asarray(pcm16, dtype=np.float32), arrived - len(pcm8) / PHONE_RATE)
-            elif kind == "Stop":
+            elif isinstance(event, Stop):
                 self.stopped = True
                 return
-            elif kind == "Dtmf":
+            elif isinstance(event, Dtmf):
                 self.dtmf.append(event.digit)
-                log.info("call %s: DTMF %s", getattr(self.call, "stream_sid", "?"), event.digit)
-
-
-class TelephonySink:
-    """Agent audio out through a TelephonyCall: 8 kHz mu-law, marks, clear."""
-
-    def __init__(self, call: Any):
-        self.call = call
-        self.on_audio_out: Callable[[float], None] | None = None
-        self.clears = 0
-        self._hook_send()
-
-    def _hook_send(self) -> None:
-        # The moment a media frame is written to the socket is when the caller starts to
-        # get it (first_audio_out). The bridge's sender calls `call._send(text)` per
-        # message; we wrap it to observe media messages. Without that attribute (another
-        # call implementation), `play` stamps the time it queued the audio instead.
-        send = getattr(self.call, "_send", None)
-        if send is None:
-            return
-
-        async def observed(text: str) -> None:
-            await send(text)
-            if self.on_audio_out is not None and '"event": "media"' in text[:40]:
-                self.on_audio_out(time.monotonic())
-
-        self.call._send = observed
-        self._hooked = True
-
-    async def play(self, chunk: Any) -> None:
-        pcm = to_float32(chunk.pcm).reshape(-1)
-        if chunk.sample_rate != PHONE_RATE:
-            from voice.audio import resample
-
-            pcm = resample(pcm, chunk.sample_rate, PHONE_RATE)
-        await self.call.send_audio(mulaw.encode_bytes(to_int16(pcm)))
-        if not getattr(self, "_hooked", False) and self.on_audio_out is not None:
-            self.on_audio_out(time.monotonic())
-
-    async def mark(self, name: str) -> None:
-        await self.call.send_mark(name)
-
-    async def wait_mark(self, name: str, timeout: float | None = None) -> bool:
-        return await self.call.wait_mark(name, timeout)
-
-    async def clear(self) -> None:
-        self.clears += 1
-        await self.call.clear()
-
-    async def aclose(self) -> None:
-        return None
+                log.info("call %s: DTMF %s", self.call.stream_sid, event.digit)
 
 
 def make_call_handler(
@@ -168,8 +117,8 @@ def make_call_handler(
         agent_models = await get_models()
         start = call.start
         call_id = start.call_sid or start.stream_sid
-        source, sink = TelephonySource(call), TelephonySink(call)
-        pipeline_call = Call(
+        source, sink = TelephonySource(call), call.output
+        pipeline_call = Call.from_models(
             config, agent_models, source, sink, call_id=call_id, report_dir=report_dir, greeting=greeting,
             on_turn=(lambda entry: on_turn(call_id, entry)) if on_turn is not None else None,
         )
@@ -182,7 +131,7 @@ def make_call_handler(
                 on_call_end(pipeline_call)
             # The call is over: free its LLM conversation (the KV cache, ~10 MB a call for
             # SmolLM2, more for the default pair) now, not when the Call is dropped.
-            pipeline_call.backend = None
+            await pipeline_call.backend.aclose()
 
     on_call.calls = []  # the last KEEP_CALLS pipeline Calls served, for tests and the in-process demo
     on_call.get_models = get_models

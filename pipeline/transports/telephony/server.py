@@ -20,7 +20,6 @@ string, which is also what Twilio signs). A body-less POST works.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import http
 import json
@@ -31,13 +30,16 @@ from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qsl, urlsplit
 from xml.sax.saxutils import quoteattr
 
+import numpy as np
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 from websockets.protocol import State
 
-from demo.auth import (
+from pipeline.playout import Playout
+
+from pipeline.transports.telephony.auth import (
     AuthConfigError,
     BridgeTokens,
     public_base,
@@ -45,7 +47,7 @@ from demo.auth import (
     validate_bearer,
     validate_twilio_signature,
 )
-from demo.twilio import (
+from pipeline.transports.telephony.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     FRAME_BYTES,
     SAMPLE_RATE,
@@ -62,17 +64,30 @@ from demo.twilio import (
     serialize_mark,
     serialize_media,
 )
+from voice import mulaw
+from voice.audio import to_int16
 
 log = logging.getLogger(__name__)
-# websockets logs every request header at DEBUG (Authorization, X-Twilio-Signature among
-# them): give it a logger pinned at INFO so `-vv` never writes credentials to a log.
-ws_log = logging.getLogger(__name__ + ".websockets")
-ws_log.setLevel(logging.INFO)
+
+
+class _NoDebug(logging.LoggerAdapter):
+    """websockets logs every request header at DEBUG (Authorization, X-Twilio-Signature
+    among them): this view of its logger never passes DEBUG on, so `-vv` never writes
+    credentials to a log. (A view, not a level set at import: importing has no effect.)"""
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
+        return level > logging.DEBUG and self.logger.isEnabledFor(level)
+
+    def log(self, level: int, msg, *args, **kwargs) -> None:
+        if level > logging.DEBUG:
+            super().log(level, msg, *args, **kwargs)
+
+
+ws_log = _NoDebug(logging.getLogger(__name__ + ".websockets"), {})
 
 STREAM_PATH = "/media-stream"
 VOICE_PATH = "/voice"
 HEALTH_PATH = "/health"
-LATE_GAP_S = 0.040  # a gap between two ready frames longer than this is audible
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 
 
@@ -89,20 +104,32 @@ class CallStats:
     inbound_dropped: int = 0  # inbound events dropped because the pipeline did not keep up
     frames_sent: int = 0
     bytes_sent: int = 0
-    late_frames: int = 0  # frames that were ready but went out > 40 ms after the previous one
-    max_gap_s: float = 0.0
     marks_sent: int = 0
     marks_echoed: int = 0
     clears_sent: int = 0
 
 
-@dataclass
-class _QueuedMark:
-    name: str
-    future: asyncio.Future
-
-
 _END = object()  # ends the inbound iterator
+
+
+class TwilioWriter:
+    """The paced output's frame writer for a phone call: 8 kHz mu-law `media` messages,
+    `mark` (Twilio echoes it once the audio before it has played) and `clear`."""
+
+    sample_rate = SAMPLE_RATE
+    remote_marks = True
+
+    def __init__(self, call: "TelephonyCall"):
+        self.call = call
+
+    async def write_frame(self, pcm: np.ndarray) -> None:
+        await self.call.send_media_now(mulaw.encode_bytes(to_int16(pcm)))
+
+    async def write_mark(self, name: str) -> None:
+        await self.call.send_mark_now(name)
+
+    async def write_clear(self) -> None:
+        await self.call.send_clear_now()
 
 
 class TelephonyCall:
@@ -110,7 +137,8 @@ class TelephonyCall:
 
     Inbound: `async for event in call` yields Media (decoded mu-law), Dtmf, Mark and Stop
     events after `start`, and ends when the caller stops or goes away.
-    Outbound: `send_audio`, `send_mark`, `clear`, `wait_mark`, `drain`.
+    Outbound: `call.output`, the one paced output (pipeline.playout.Playout) over a
+    TwilioWriter: 20 ms media frames in real time, marks confirmed by Twilio's echo, clear.
     """
 
     def __init__(
@@ -126,20 +154,11 @@ class TelephonyCall:
         self.stats = CallStats()
         self.played_marks: list[str] = []
         self._send = send
-        # Frames go out this far ahead of real time: Twilio's buffer absorbs our event-loop
-        # jitter (the CPU is busy with the models), yet `clear` still leaves little queued.
-        self._ahead = max(0.0, send_ahead_s)
         self._inbound: asyncio.Queue = asyncio.Queue(maxsize=max(1, inbound_max))
-        self._outbound: collections.deque = collections.deque()  # (bytes, queued_at) | _QueuedMark
-        self._wake = asyncio.Event()
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._generation = 0  # bumped by clear(): a frame picked before it must not go out
-        self._play_end = 0.0  # loop time at which everything sent so far has played
-        self._last_send = 0.0
-        self._mark_waiters: dict[str, collections.deque[asyncio.Future]] = {}
         self._closed = False
-        self._sender: asyncio.Task | None = None
+        # Frames go out `send_ahead_s` ahead of real time: Twilio's buffer absorbs our
+        # event-loop jitter (the CPU is busy with the models), yet `clear` still leaves little queued.
+        self.output = Playout(TwilioWriter(self), ahead_s=send_ahead_s)
         # How the connection ended when the bridge ended it (idle_timeout, protocol_error,
         # server_shutdown); None when the caller went away (stop or disconnect). The
         # pipeline reads it when the inbound stream ends, for the call's report.
@@ -158,11 +177,13 @@ class TelephonyCall:
                 return
             yield item
 
-    def _deliver(self, event: InboundEvent) -> None:
+    def deliver(self, event: InboundEvent) -> None:
         if isinstance(event, Media):
             self.stats.media_received += 1
         elif isinstance(event, Mark):
-            self._mark_echoed(event.name)
+            self.played_marks.append(event.name)
+            self.stats.marks_echoed += 1
+            self.output.confirm_mark(event.name)
         try:
             self._inbound.put_nowait(event)
         except asyncio.QueueFull:
@@ -172,7 +193,7 @@ class TelephonyCall:
             self.stats.inbound_dropped += 1
             self._inbound.put_nowait(event)
 
-    def _end_inbound(self) -> None:
+    def end_inbound(self) -> None:
         while True:
             try:
                 self._inbound.put_nowait(_END)
@@ -181,168 +202,33 @@ class TelephonyCall:
                 self._inbound.get_nowait()
                 self.stats.inbound_dropped += 1
 
-    # ------------------------------------------------------------ outbound
+    # ------------------------------------------------------------ outbound (the writer's sends)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    @property
-    def queued_audio_s(self) -> float:
-        """Audio queued here, not yet sent."""
-        n = sum(len(item[0]) for item in self._outbound if isinstance(item, tuple))
-        return n / SAMPLE_RATE
+    async def send_media_now(self, payload: bytes) -> None:
+        """One media message at once (the Playout paces). Raises ConnectionClosed when gone."""
+        await self._send(serialize_media(self.stream_sid, payload))
+        self.stats.frames_sent += 1
+        self.stats.bytes_sent += len(payload)
 
-    async def send_audio(self, mulaw: bytes) -> None:
-        """Queue 8 kHz mu-law audio; it goes out as 20 ms media messages in real time.
-        After the call ended this does nothing (the pipeline is being cancelled)."""
-        if self._closed or not mulaw:
-            return
-        self._outbound.append((bytes(mulaw), asyncio.get_running_loop().time()))
-        self._drained.clear()
-        self._wake.set()
+    async def send_mark_now(self, name: str) -> None:
+        await self._send(serialize_mark(self.stream_sid, name))
+        self.stats.marks_sent += 1
 
-    async def send_mark(self, name: str) -> None:
-        """Queue a mark after the audio queued so far; Twilio echoes it once that audio has
-        played (or was cleared). `wait_mark(name)` waits for the echo."""
-        future = asyncio.get_running_loop().create_future()
-        if self._closed:
-            future.set_result(False)
-        else:
-            self._outbound.append(_QueuedMark(name, future))
-            self._drained.clear()
-            self._wake.set()
-        self._mark_waiters.setdefault(name, collections.deque()).append(future)
-
-    async def wait_mark(self, name: str, timeout: float | None = None) -> bool:
-        """True once the mark came back from the caller; False if it was cleared before
-        being sent or the call ended. A mark already echoed returns True at once."""
-        waiters = self._mark_waiters.get(name)
-        pending = [f for f in waiters or () if not f.done()]
-        if not pending:
-            if waiters:
-                return bool(waiters[-1].result())
-            return name in self.played_marks
-        try:
-            return bool(await asyncio.wait_for(asyncio.shield(pending[0]), timeout))
-        except TimeoutError:
-            return False
-
-    async def clear(self) -> None:
-        """Barge-in: drop audio and marks not sent yet, and tell Twilio to drop its buffer."""
-        self._generation += 1
-        for item in self._outbound:
-            if isinstance(item, _QueuedMark) and not item.future.done():
-                item.future.set_result(False)
-        self._outbound.clear()
-        self._play_end = 0.0
-        self._last_send = 0.0
-        self._drained.set()
+    async def send_clear_now(self) -> None:
         if self._closed:
             return
         with contextlib.suppress(ConnectionClosed):
             await self._send(serialize_clear(self.stream_sid))
             self.stats.clears_sent += 1
 
-    async def drain(self, timeout: float | None = None) -> bool:
-        """Wait until everything queued has been sent (not played: see marks)."""
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-    def _mark_echoed(self, name: str) -> None:
-        self.played_marks.append(name)
-        self.stats.marks_echoed += 1
-        for future in self._mark_waiters.get(name, ()):
-            if not future.done():
-                future.set_result(True)
-                break
-
-    # ------------------------------------------------------------ sender task
-
-    def _start_sender(self) -> None:
-        self._sender = asyncio.create_task(self._send_loop(), name=f"sender-{self.stream_sid}")
-
-    async def _close(self) -> None:
+    async def close(self) -> None:
         self._closed = True
-        self._end_inbound()
-        if self._sender is not None:
-            self._sender.cancel()
-            await asyncio.gather(self._sender, return_exceptions=True)
-        for waiters in self._mark_waiters.values():
-            for future in waiters:
-                if not future.done():
-                    future.set_result(False)
-        self._drained.set()
-
-    def _take_frame(self) -> bytes:
-        """Up to 160 bytes from the head of the queue, across queued chunks."""
-        frame = bytearray()
-        while self._outbound and len(frame) < FRAME_BYTES:
-            head = self._outbound[0]
-            if isinstance(head, _QueuedMark):
-                break
-            data, queued_at = head
-            need = FRAME_BYTES - len(frame)
-            frame += data[:need]
-            if len(data) > need:
-                self._outbound[0] = (data[need:], queued_at)
-            else:
-                self._outbound.popleft()
-        return bytes(frame)
-
-    async def _send_loop(self) -> None:
-        try:
-            await self._pace()
-        except ConnectionClosed:
-            # The caller went away: nothing more can be sent; the bridge closes the call.
-            self._closed = True
-            self._outbound.clear()
-            self._drained.set()
-
-    async def _pace(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._outbound:
-                self._drained.set()
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            head = self._outbound[0]
-            if isinstance(head, _QueuedMark):
-                self._outbound.popleft()
-                await self._send(serialize_mark(self.stream_sid, head.name))
-                self.stats.marks_sent += 1
-                continue
-            # Pace against an absolute clock (play_end advances by each frame's duration),
-            # so sleep overshoot never accumulates into drift.
-            now = loop.time()
-            if self._play_end < now:
-                self._play_end = now  # first audio, or Twilio ran dry: restart the clock
-            deadline = self._play_end - self._ahead
-            if deadline > now:
-                generation = self._generation
-                await asyncio.sleep(deadline - now)
-                if generation != self._generation:
-                    continue  # cleared meanwhile
-                if not self._outbound or isinstance(self._outbound[0], _QueuedMark):
-                    continue
-            queued_at = self._outbound[0][1]
-            frame = self._take_frame()
-            await self._send(serialize_media(self.stream_sid, frame))
-            sent = loop.time()
-            if self._last_send:
-                gap = sent - self._last_send
-                # Only count gaps we caused: the frame was waiting while the gap grew.
-                if gap > LATE_GAP_S and queued_at < self._last_send + LATE_GAP_S:
-                    self.stats.late_frames += 1
-                    self.stats.max_gap_s = max(self.stats.max_gap_s, gap)
-            self._last_send = sent
-            self._play_end += len(frame) / SAMPLE_RATE
-            self.stats.frames_sent += 1
-            self.stats.bytes_sent += len(frame)
+        self.end_inbound()
+        await self.output.aclose()
 
 
 # ---------------------------------------------------------------- the server
@@ -563,7 +449,6 @@ class Bridge:
                 if call is None:
                     if isinstance(event, Start):
                         call = TelephonyCall(event, ws.send, send_ahead_s=self.send_ahead_s)
-                        call._start_sender()
                         self.calls.add(call)
                         self.calls_total += 1
                         log.info("call %s started (callSid %s) from %s", event.stream_sid, event.call_sid, peer)
@@ -582,7 +467,7 @@ class Bridge:
                     _ended(call, "protocol_error")
                     await ws.close(1008, "second start")
                     return
-                call._deliver(event)
+                call.deliver(event)
                 if isinstance(event, Stop):
                     log.info("call %s: caller stopped the stream", call.stream_sid)
                     return
@@ -599,7 +484,7 @@ class Bridge:
             await ws.close(1011, "internal error")
             return
         # The agent ended the call: let queued audio go out, then hang up.
-        await call.drain(timeout=30.0)
+        await call.output.drain(timeout=30.0)
         await ws.close(1000, "call ended")
 
     async def _finish(self, call: TelephonyCall | None, task: asyncio.Task | None, ws: ServerConnection) -> None:
@@ -610,7 +495,7 @@ class Bridge:
         if self._stopping:
             _ended(call, "server_shutdown")
         try:
-            call._end_inbound()
+            call.end_inbound()
             if task is not None and not task.done():
                 await asyncio.wait({task}, timeout=self.end_grace_s)
         finally:
@@ -618,7 +503,7 @@ class Bridge:
                 task.cancel()
             if task is not None:
                 await asyncio.gather(task, return_exceptions=True)
-            await call._close()
+            await call.close()
             self.calls.discard(call)
             with contextlib.suppress(Exception):
                 await ws.close(1000, "call ended")

@@ -1,0 +1,67 @@
+"""The ports of a call: what `Call` needs from the world, as typed protocols.
+
+    AudioSource  caller audio: `async for frame in source` -> AudioFrame (16 kHz float32, capture time)
+    AudioSink    agent audio out: play / mark / clear (pipeline.playout.Playout is the one implementation;
+                 a transport supplies only its FrameWriter)
+    SpeechToText a finished utterance (16 kHz mono) -> text
+    TextToSpeech a sentence -> AudioChunks (any sample rate)
+    LLMBackend   messages -> TokenGroups (llm.backend)
+
+Transports (telephony, local audio, in-process) implement the first two; voice/ and llm/
+implement the others. Tests swap any of them without touching the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from llm.backend import LLMBackend
+from voice.tts import AudioChunk
+
+__all__ = ["AudioFrame", "AudioSink", "AudioSource", "LLMBackend", "SpeechToText", "TextToSpeech"]
+
+
+@dataclass(frozen=True)
+class AudioFrame:
+    pcm: np.ndarray  # float32 mono, 16 kHz
+    t: float  # time.monotonic() at which its FIRST sample was captured (not when it reached us)
+
+
+@runtime_checkable
+class AudioSource(Protocol):
+    """Caller audio. Iterating ends when the caller is gone (`hangup` True: cancel the turn
+    in flight) or the script ended (`hangup` False: answer what was said, then end).
+    `end_reason` names why a transport ended the call (None: the caller did)."""
+
+    hangup: bool
+    end_reason: str | None
+
+    def __aiter__(self) -> AsyncIterator[AudioFrame]: ...
+
+
+@runtime_checkable
+class AudioSink(Protocol):
+    """Real-time playback of the agent's audio (pipeline.playout.Playout)."""
+
+    def play(self, chunk: AudioChunk) -> asyncio.Future: ...  # -> time its first frame went out, or None
+
+    def mark(self, name: str) -> asyncio.Future: ...  # -> True once the audio before it played
+
+    async def clear(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class SpeechToText(Protocol):
+    def transcribe(self, audio: np.ndarray) -> str: ...
+
+
+@runtime_checkable
+class TextToSpeech(Protocol):
+    def synthesize(self, text: str) -> Iterator[AudioChunk]: ...

@@ -1,0 +1,154 @@
+"""A turn and the conversation history: plain data, owned by the call's turn runner.
+
+Stages report what they did as results (`LLMResult`, `SpeechResult`); the turn runner
+alone builds the `Turn` from them, so a turn's state has one owner. Every stage stamps
+the turn's `TurnTimeline` (the one shared ledger of events, from which every metric comes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llm.types import GenerationStats
+from pipeline.timeline import TurnTimeline
+
+__all__ = ["BargeIn", "History", "LLMResult", "SpeechResult", "Turn"]
+
+
+@dataclass
+class BargeIn:
+    """The caller talked over the agent: one event, handled by every stage in its own place
+    (the speaker clears the output, the LLM stage stops between passes, the turn runner
+    records what was heard)."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    declared_t: float | None = None  # the endpointer's decision time
+
+    def fire(self, declared_t: float) -> None:
+        if not self.event.is_set():
+            self.declared_t = declared_t
+            self.event.set()
+
+    @property
+    def fired(self) -> bool:
+        return self.event.is_set()
+
+
+@dataclass
+class LLMResult:
+    """What the LLM stage produced in one turn."""
+
+    text: str = ""
+    sentences: list[str] = field(default_factory=list)  # handed to TTS, in order
+    groups: int = 0
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None
+    passes_at_barge_in: int | None = None  # target passes done when the caller barged in
+    error: str | None = None
+
+
+@dataclass
+class SpeechResult:
+    """What the speaker stage played in one turn."""
+
+    heard: list[str] = field(default_factory=list)  # sentences whose audio fully played (marks confirmed)
+    audio_s: float = 0.0  # agent audio handed to the sink
+    error: str | None = None
+
+
+@dataclass
+class Turn:
+    index: int
+    timeline: TurnTimeline
+    user_text: str = ""
+    greeting: bool = False
+    llm: LLMResult = field(default_factory=LLMResult)
+    speech: SpeechResult = field(default_factory=SpeechResult)
+    barge_in: BargeIn = field(default_factory=BargeIn)
+    error: str | None = None
+
+    @property
+    def agent_text(self) -> str:
+        return self.llm.text
+
+    @property
+    def sentences(self) -> list[str]:
+        return self.llm.sentences
+
+    @property
+    def heard(self) -> list[str]:
+        return self.speech.heard
+
+    @property
+    def heard_text(self) -> str:
+        return " ".join(self.speech.heard)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.barge_in.fired
+
+    @property
+    def barge_in_declared_t(self) -> float | None:
+        return self.barge_in.declared_t
+
+    @property
+    def stats(self) -> GenerationStats | None:
+        return self.llm.stats
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.llm.finish_reason
+
+    @property
+    def llm_passes_after_barge_in(self) -> int | None:
+        if self.llm.passes_at_barge_in is None or self.llm.stats is None:
+            return None
+        return self.llm.stats.passes - self.llm.passes_at_barge_in
+
+
+@dataclass
+class History:
+    """System prompt + (user, agent-as-heard) exchanges, within a token budget.
+
+    `count_tokens(messages)` is the LLM's own count (chat template included); the budget
+    covers everything after the system prompt. The newest user message is always kept;
+    whole exchanges are dropped oldest first so roles keep alternating.
+    """
+
+    system_prompt: str
+    budget_tokens: int
+    count_tokens: Callable[[list[dict]], int]
+    exchanges: list[tuple[str, str]] = field(default_factory=list)
+    dropped: int = 0
+
+    def add(self, user_text: str, agent_text: str) -> None:
+        self.exchanges.append((user_text, agent_text))
+
+    def add_agent(self, agent_text: str) -> None:
+        """An agent line with no user line before it (the greeting)."""
+        self.exchanges.append(("", agent_text))
+
+    @staticmethod
+    def _messages(exchanges: list[tuple[str, str]]) -> list[dict]:
+        out = []
+        for user, agent in exchanges:
+            if user:
+                out.append({"role": "user", "content": user})
+            if agent:
+                out.append({"role": "assistant", "content": agent})
+        return out
+
+    def messages(self, user_text: str) -> list[dict]:
+        """The prompt for a new user message, trimming old exchanges to fit the budget."""
+        system = [{"role": "system", "content": self.system_prompt}]
+        base = self.count_tokens(system)
+        user = [{"role": "user", "content": user_text}]
+        while self.exchanges:
+            msgs = system + self._messages(self.exchanges) + user
+            if self.count_tokens(msgs) - base <= self.budget_tokens:
+                return msgs
+            self.exchanges.pop(0)
+            self.dropped += 1
+        return system + user
