@@ -305,7 +305,6 @@ class SimulatedCaller:
         """One media message per 20 ms, on an absolute clock, for the whole call."""
         r = self.result
         k = 0
-        ws = self._ws
         while True:
             due = r.t0 + k * FRAME_S
             delay = due - time.monotonic()

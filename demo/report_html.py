@@ -15,16 +15,14 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-SCHEMA = "specvoice.call_report/1"
-METRICS = ["endpoint_delay", "stt_latency", "ttft", "first_sentence_latency", "tts_first_audio", "voice_to_voice"]
-METRIC_LABELS = {
-    "endpoint_delay": "endpoint delay",
-    "stt_latency": "STT",
-    "ttft": "TTFT",
-    "first_sentence_latency": "first sentence",
-    "tts_first_audio": "TTS first audio",
-    "voice_to_voice": "voice to voice",
-}
+from pipeline.report import HEADLINE_METRICS, ReportError, load_report, percentile
+
+# Re-exported for `specvoice report` and the tests: the page reads reports with pipeline.report's reader.
+__all__ = ["ReportError", "load_report", "render_html", "text_comparison", "text_summary", "write_html"]
+
+# The schema, its reader, percentiles and metric names are pipeline.report's: one definition.
+METRICS = list(HEADLINE_METRICS)
+METRIC_LABELS = HEADLINE_METRICS
 STATS = ["p50", "p90", "max"]
 LLM_STATS = ["tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"]
 # Waterfall rows: (label, from event, to events (first present wins), colour).
@@ -38,10 +36,6 @@ SEGMENTS = [
     ("TTS first audio", "first_sentence", ("tts_first_audio",), "#8719e0"),
     ("playback", "first_audio_out", ("barge_in", "playback_done"), "#3ebd93"),
 ]
-
-
-class ReportError(ValueError):
-    """A file that is not a call report."""
 
 
 def esc(value: Any) -> str:
@@ -71,19 +65,6 @@ def _data_value(value: Any) -> str:
     return str(value) if isinstance(value, int) else repr(float(value))
 
 
-def load_report(path: str | Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ReportError(f"cannot read call report {path}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("turns", []), list):
-        raise ReportError(f"{path} is not a call report (expected a JSON object with turns)")
-    schema = data.get("schema")
-    if schema is not None and schema != SCHEMA:
-        raise ReportError(f"{path}: unsupported schema {schema!r} (expected {SCHEMA})")
-    return data
-
-
 # ---------------------------------------------------------------- data access
 
 def _dict(value: Any) -> dict:
@@ -92,15 +73,6 @@ def _dict(value: Any) -> dict:
 
 def turns(report: dict) -> list[dict]:
     return [t for t in report.get("turns") or [] if isinstance(t, dict)]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank, the definition `pipeline.report` writes summaries with (used here only
-    for reports that lack a summary; a test keeps the two in step)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    return xs[max(1, math.ceil(q * len(xs))) - 1]
 
 
 def metric_summary(report: dict) -> dict[str, dict[str, Any]]:

@@ -40,6 +40,7 @@ __all__ = [
     "SCHEMA",
     "END_REASONS",
     "CallReport",
+    "HEADLINE_METRICS",
     "ReportError",
     "load_report",
     "percentile",
@@ -49,6 +50,16 @@ __all__ = [
 ]
 
 SCHEMA = "specvoice.call_report/1"
+# The headline metrics of a report, in the order a caller's silence unfolds, with the
+# labels every view (the terminal table, the HTML page) shows them under.
+HEADLINE_METRICS: dict[str, str] = {
+    "endpoint_delay": "endpoint delay",
+    "stt_latency": "STT",
+    "ttft": "TTFT",
+    "first_sentence_latency": "first sentence",
+    "tts_first_audio": "TTS first audio",
+    "voice_to_voice": "voice to voice",
+}
 END_REASONS = frozenset(
     {"completed", "caller_hangup", "stop", "error", "idle_timeout", "server_shutdown", "cancelled",
      "protocol_error"}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 
 import pytest
 from websockets.exceptions import ConnectionClosed

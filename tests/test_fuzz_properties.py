@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import math
 import re
 
 import numpy as np
 import pytest
 from conftest import examples
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from demo import report_html

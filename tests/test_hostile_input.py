@@ -10,7 +10,6 @@ import asyncio
 import base64
 import json
 import logging
-import os
 import socket
 import time
 from pathlib import Path

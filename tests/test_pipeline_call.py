@@ -210,7 +210,7 @@ async def test_call_from_speech_timeline_metrics_mqtt_and_loop_lag(models, speec
         ticker = asyncio.create_task(_ticker(stop, lags))
         task = asyncio.create_task(call.run())
         await _converse(call, source, [speech["hours"], speech["price"]])
-        report = await asyncio.wait_for(task, 30)
+        await asyncio.wait_for(task, 30)
         stop.set()
         await ticker
 

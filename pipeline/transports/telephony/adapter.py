@@ -27,7 +27,7 @@ from pipeline.ports import AudioFrame
 from pipeline.transports.telephony.protocol import Dtmf, Media, Stop
 from pipeline.transports.telephony.server import TelephonyCall
 from voice import mulaw
-from voice.audio import PHONE_RATE, STT_RATE, to_float32, to_int16
+from voice.audio import PHONE_RATE, STT_RATE, to_float32
 
 log = logging.getLogger(__name__)
 

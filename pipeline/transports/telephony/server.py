@@ -49,7 +49,6 @@ from pipeline.transports.telephony.auth import (
 )
 from pipeline.transports.telephony.protocol import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    FRAME_BYTES,
     SAMPLE_RATE,
     Connected,
     InboundEvent,
