@@ -155,7 +155,45 @@ def _build_catalog() -> dict[str, ModelSpec]:
     return {spec.name: spec for spec in specs}
 
 
-CATALOG: dict[str, ModelSpec] = _build_catalog()
+# Other names users type for catalog models: faster-whisper's own model names. Only exact
+# equivalents: "tiny" (multilingual) is not "tiny.en", "base.en" is not "base".
+ALIASES: dict[str, str] = {
+    "tiny.en": "whisper-tiny.en",
+    "base": "whisper-base",
+}
+
+
+def canonical_name(name: str) -> str:
+    """The catalog name for `name` or one of its aliases; anything else unchanged."""
+    if dict.__contains__(CATALOG, name):
+        return name
+    target = ALIASES.get(name)
+    return target if target is not None and dict.__contains__(CATALOG, target) else name
+
+
+class Catalog(dict):
+    """The catalog, keyed by catalog name, that also answers to aliases:
+    `"base" in CATALOG` and `CATALOG["base"]` find whisper-base, while iterating
+    lists each model once, by its catalog name."""
+
+    def _key(self, name):
+        if isinstance(name, str) and not dict.__contains__(self, name):
+            target = ALIASES.get(name)
+            if target is not None and dict.__contains__(self, target):
+                return target
+        return name
+
+    def __contains__(self, name) -> bool:
+        return dict.__contains__(self, self._key(name))
+
+    def __getitem__(self, name) -> ModelSpec:
+        return dict.__getitem__(self, self._key(name))
+
+    def get(self, name, default=None):
+        return dict.get(self, self._key(name), default)
+
+
+CATALOG: dict[str, ModelSpec] = Catalog(_build_catalog())
 
 # Voice models first: they are small and quick, the LLM conversions take minutes.
 DEFAULT_ORDER = ("whisper-tiny.en", "whisper-base", "piper-joe-medium",
@@ -172,7 +210,8 @@ def models_home() -> Path:
 
 
 def model_dir(name: str) -> Path:
-    return models_home() / name
+    """Where catalog model `name` (or an alias of it) lives."""
+    return models_home() / canonical_name(name)
 
 
 def is_present(name: str) -> bool:
