@@ -87,7 +87,7 @@ class AgentModels:
         """Load everything the config names. Raises ModelNotFoundError (with the pull
         command) for a model that is not on disk."""
         from pipeline.models import resolve_model
-        from voice.stt import WhisperSTT
+        from voice.stt import WhisperPrompt, WhisperSTT
         from voice.tts import load_tts
         from voice.vad import SileroModel
 
@@ -109,9 +109,12 @@ class AgentModels:
             )
             times["llm"] = time.perf_counter() - t
         t = time.perf_counter()
+        # The business's words as Whisper's prompt (stt.vocabulary; empty: no prompt).
+        prompt = WhisperPrompt.from_vocabulary(config.stt.vocabulary, config.stt.vocabulary_mode)
         stt = WhisperSTT(resolve_model(config.stt.model), device=config.stt.device,
                          compute_type=config.stt.compute_type, beam_size=config.stt.beam_size,
-                         language=config.stt.language, cpu_threads=stt_threads)
+                         language=config.stt.language, cpu_threads=stt_threads,
+                         initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords)
         times["stt"] = time.perf_counter() - t
         t = time.perf_counter()
         if config.tts.engine == "piper":

@@ -153,28 +153,40 @@ def test_partial_transcript_of_the_first_half_is_a_prefix(tiny, clips):
 
 
 def test_missing_model_folder_names_it_and_the_fix(tmp_path):
-    missing = tmp_path / "whisper-tiny.en"
+    """A folder given by hand: no pull can create it, so the fix says what is expected."""
+    missing = tmp_path / "my-whisper"
     with pytest.raises(ModelFileMissingError) as info:
         WhisperSTT(missing)
-    assert str(missing) in str(info.value) and "specvoice models pull whisper-tiny.en" in str(info.value)
+    message = str(info.value)
+    assert str(missing) in message and "`specvoice models list`" in message and "model.bin" in message
+    assert "models pull my-whisper" not in message  # not a catalog name: that command would fail
+
+
+def _store_folder(dst, name="whisper-tiny.en"):
+    """A folder as the model store leaves it: files plus its manifest naming the model."""
+    import json
+
+    dst.mkdir()
+    (dst / "specvoice-model.json").write_text(json.dumps({"name": name, "files": {}}))
+    return dst
 
 
 def test_missing_tokenizer_names_the_file(tmp_path):
     src = require_model("whisper-tiny.en")
-    dst = tmp_path / "whisper-tiny.en"
-    dst.mkdir()
+    dst = _store_folder(tmp_path / "whisper-tiny.en")
     for name in ("config.json", "vocabulary.txt"):
         shutil.copy(src / name, dst / name)
     (dst / "model.bin").write_bytes(b"x" * 10)
     with pytest.raises(ModelFileMissingError) as info:
         WhisperSTT(dst)
-    assert "tokenizer.json" in str(info.value) and "specvoice models pull" in str(info.value)
+    assert "tokenizer.json" in str(info.value)
+    # The store skips a model whose manifest exists: the fix must delete the folder first.
+    assert f"delete {dst} and run `specvoice models pull whisper-tiny.en`" in str(info.value)
 
 
 def test_corrupted_model_file_names_it_and_the_fix(tmp_path):
     src = require_model("whisper-tiny.en")
-    dst = tmp_path / "whisper-tiny.en"
-    dst.mkdir()
+    dst = _store_folder(tmp_path / "whisper-tiny.en")
     for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
         shutil.copy(src / name, dst / name)
     # The first 64 KiB of the real weights: a truncated download.
@@ -183,4 +195,4 @@ def test_corrupted_model_file_names_it_and_the_fix(tmp_path):
     with pytest.raises(ModelLoadError) as info:
         WhisperSTT(dst)
     assert str(dst / "model.bin") in str(info.value)
-    assert "specvoice models pull whisper-tiny.en" in str(info.value)
+    assert f"delete {dst} and run `specvoice models pull whisper-tiny.en`" in str(info.value)

@@ -9,23 +9,102 @@ voice agent would start a turn nobody asked for. Two guards: a level check that 
 "" for near-silent audio without running the model, and dropping segments that Whisper
 itself rates as probably not speech (no_speech_prob high and low average log-prob, the
 rule openai-whisper uses).
+
+Domain words (a business's names, services, days) can be given to Whisper as text it
+conditions on: `initial_prompt` (decoded as if it were the previous sentence) and
+`hotwords` (faster-whisper's hint phrases, placed in the same previous-text slot). Both
+come from one plain list of words and phrases (`WhisperPrompt.from_vocabulary`); one
+engine serves calls of different businesses, so `transcribe_full` also takes a
+per-call `prompt`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Literal, get_args
 
 import numpy as np
 
 from voice.audio import STT_RATE, rms_dbfs
-from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError, pull_hint_for
+from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError
 
 REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
+STORE_MANIFEST = "specvoice-model.json"  # written by the model store (pipeline/models.py) into each pulled folder
+
+# How a vocabulary reaches Whisper: not at all, as the initial prompt, as hotwords, or both.
+VocabularyMode = Literal["none", "initial_prompt", "hotwords", "both"]
+VOCABULARY_MODES: tuple[str, ...] = get_args(VocabularyMode)
+# Whisper keeps at most 223 tokens of previous text; a vocabulary longer than this many
+# characters (about 4 a token) would be cut by the model anyway, so it is cut here, at a
+# phrase boundary, where the cut is visible and predictable.
+MAX_VOCABULARY_CHARS = 600
+
+
+def vocabulary_text(vocabulary: Iterable[str], max_chars: int = MAX_VOCABULARY_CHARS) -> str | None:
+    """Words and phrases -> "Riverside Dental, Dr. Patel, cleaning." (None when empty).
+
+    Blank entries and repeats (ignoring case) are dropped, order is kept; phrases that
+    would take the text past `max_chars` are left out.
+    """
+    seen: set[str] = set()
+    kept: list[str] = []
+    length = 0
+    for item in vocabulary:
+        phrase = " ".join(str(item).split()).strip(" ,;")
+        if not phrase or phrase.lower() in seen:
+            continue
+        if length + len(phrase) + 2 > max_chars:
+            break
+        seen.add(phrase.lower())
+        kept.append(phrase)
+        length += len(phrase) + 2
+    if not kept:
+        return None
+    text = ", ".join(kept)
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
+# openai-whisper's compression_ratio_threshold: text that gzips this well is a repetition loop.
+COMPRESSION_RATIO_LIMIT = 2.4
+# This many of the prompt's phrases, in its order, in a transcript: a recital of the prompt.
+ECHO_PHRASES = 3
+
+
+def _plain(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", "")).split())
+
+
+def _prompt_runs(text: str | None) -> set[str]:
+    """Every run of ECHO_PHRASES consecutive phrases of a prompt ("a, b, c, d." -> "a b c", "b c d")."""
+    if not text:
+        return set()
+    phrases = [p for p in (_plain(x) for x in text.rstrip(".!?").split(",")) if p]
+    return {" ".join(phrases[i:i + ECHO_PHRASES]) for i in range(len(phrases) - ECHO_PHRASES + 1)}
+
+
+@dataclass(frozen=True)
+class WhisperPrompt:
+    """The text Whisper conditions on: faster-whisper's `initial_prompt` and `hotwords`."""
+
+    initial_prompt: str | None = None
+    hotwords: str | None = None
+
+    @classmethod
+    def from_vocabulary(cls, vocabulary: Iterable[str], mode: VocabularyMode = "none") -> "WhisperPrompt":
+        if mode not in VOCABULARY_MODES:
+            raise ValueError(f"vocabulary mode must be one of {', '.join(VOCABULARY_MODES)}, got {mode!r}")
+        text = vocabulary_text(vocabulary) if mode != "none" else None
+        return cls(initial_prompt=text if mode in ("initial_prompt", "both") else None,
+                   hotwords=text if mode in ("hotwords", "both") else None)
+
+    def __bool__(self) -> bool:
+        return bool(self.initial_prompt or self.hotwords)
 
 
 @dataclass(frozen=True)
@@ -34,24 +113,46 @@ class Transcript:
     audio_s: float  # seconds of audio transcribed
     compute_s: float  # wall time spent
     no_speech_prob: float = 0.0  # highest among kept segments (0 when none)
+    prompt_dropped: bool = False  # the prompt was not trusted for this audio: decoded again without it
 
     @property
     def rtf(self) -> float:
         return self.compute_s / self.audio_s if self.audio_s else 0.0
 
 
+def _fix_hint(folder: Path) -> str:
+    """A fix that works for this folder.
+
+    A folder the model store pulled carries its manifest, which names the catalog model;
+    the store skips a model whose manifest exists, so the fix is to delete the folder and
+    pull again. A catalog model that was never pulled is refused before it gets here
+    (pipeline.models.resolve_model names the pull), so any other folder was given by
+    hand, and no pull can make it: say what is expected instead.
+    """
+    import json
+
+    try:
+        name = json.loads((folder / STORE_MANIFEST).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if isinstance(name, str) and name:
+        return f"delete {folder} and run `specvoice models pull {name}`"
+    return (f"give a catalog model name (`specvoice models list` shows them) or a folder holding a "
+            f"CTranslate2 Whisper model ({', '.join(REQUIRED_FILES)})")
+
+
 def check_whisper_dir(model_path: str | Path) -> Path:
     """Refuse a model folder that is missing or incomplete, naming the file and the fix."""
     path = Path(model_path).expanduser()
     if not path.exists():
-        raise ModelFileMissingError(f"Whisper model folder {path} does not exist: {pull_hint_for(path)}", path)
+        raise ModelFileMissingError(f"Whisper model folder {path} does not exist: {_fix_hint(path)}", path)
     if not path.is_dir():
         raise ModelLoadError(f"{path} is not a CTranslate2 model folder (expected a folder holding model.bin): "
-                             f"{pull_hint_for(path)}", path)
+                             f"{_fix_hint(path)}", path)
     for name in REQUIRED_FILES:
         f = path / name
         if not f.is_file() or f.stat().st_size == 0:
-            raise ModelFileMissingError(f"Whisper model file {f} is missing or empty: {pull_hint_for(path)}", f)
+            raise ModelFileMissingError(f"Whisper model file {f} is missing or empty: {_fix_hint(path)}", f)
     return path
 
 
@@ -72,8 +173,13 @@ class WhisperSTT:
         no_speech_threshold: float = 0.6,
         logprob_threshold: float = -1.0,
         vad_filter: bool = False,
+        initial_prompt: str | None = None,
+        hotwords: str | None = None,
     ):
         self.model_path = check_whisper_dir(model_path)
+        # Default conditioning text for every utterance (see WhisperPrompt); None: none.
+        self.initial_prompt = initial_prompt or None
+        self.hotwords = hotwords or None
         self.beam_size = beam_size
         self.language = language
         self.silence_dbfs = silence_dbfs
@@ -89,7 +195,7 @@ class WhisperSTT:
             bad = self.model_path / "model.bin"
             raise ModelLoadError(
                 f"cannot load Whisper model from {bad} ({type(exc).__name__}: {exc}); the file may be corrupted: "
-                f"{pull_hint_for(self.model_path)}", bad) from exc
+                f"{_fix_hint(self.model_path)}", bad) from exc
         # English-only checkpoints (tiny.en) refuse any other language code.
         if not self.model.model.is_multilingual:
             self.language = "en" if language else None
@@ -108,29 +214,71 @@ class WhisperSTT:
             audio = audio.astype(np.float32) / 32768.0
         return audio.astype(np.float32, copy=False)
 
-    def transcribe_full(self, audio: np.ndarray, sample_rate: int = STT_RATE, beam_size: int | None = None) -> Transcript:
+    @property
+    def prompt(self) -> WhisperPrompt:
+        """The engine's default conditioning text."""
+        return WhisperPrompt(self.initial_prompt, self.hotwords)
+
+    def _decode(self, audio: np.ndarray, beam_size: int, prompt: WhisperPrompt) -> list:
+        segments, _info = self.model.transcribe(
+            audio,
+            language=self.language,
+            beam_size=beam_size,
+            temperature=0.0,  # no fallback re-decoding: one pass, predictable latency
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=self.vad_filter,
+            initial_prompt=prompt.initial_prompt or None,
+            hotwords=prompt.hotwords or None,
+        )
+        return list(segments)  # a generator: decoding happens here
+
+    def prompt_suspect(self, segments: list, prompt: WhisperPrompt) -> bool:
+        """Did the prompt, rather than the audio, write this transcript?
+
+        On noise and silence a prompted Whisper repeats its prompt with confidence ("Dr.
+        Patel, Dr. Moreno, Dr. Moreno, ..."), so the usual rule (probably not speech AND
+        not confident) lets it through. Signs, each measured on such output: Whisper rates
+        the audio as probably not speech, the text repeats itself (compression ratio above
+        openai-whisper's 2.4), or it recites three of the prompt's phrases in a row.
+        """
+        echo = _prompt_runs(prompt.initial_prompt) | _prompt_runs(prompt.hotwords)
+        for seg in segments:
+            if seg.no_speech_prob > self.no_speech_threshold or seg.compression_ratio > COMPRESSION_RATIO_LIMIT:
+                return True
+            said = f" {_plain(seg.text)} "
+            if any(f" {run} " in said for run in echo):
+                return True
+        return False
+
+    def transcribe_full(self, audio: np.ndarray, sample_rate: int = STT_RATE, beam_size: int | None = None,
+                        prompt: WhisperPrompt | None = None) -> Transcript:
+        """`prompt` replaces the engine's default conditioning text for this utterance
+        (WhisperPrompt() for none); None keeps the default.
+
+        When the prompted transcript looks written by the prompt (`prompt_suspect`), the
+        utterance is decoded again without it, so a prompt never turns noise into words.
+        """
         audio = self._check_audio(audio, sample_rate)
+        prompt = self.prompt if prompt is None else prompt
         t0 = time.perf_counter()
         audio_s = len(audio) / STT_RATE
         # Fast path: under ~0.1 s or near digital silence there is nothing to hear.
         if len(audio) < STT_RATE // 10 or rms_dbfs(audio) < self.silence_dbfs:
             return Transcript("", audio_s, time.perf_counter() - t0)
-        segments, _info = self.model.transcribe(
-            audio,
-            language=self.language,
-            beam_size=beam_size or self.beam_size,
-            temperature=0.0,  # no fallback re-decoding: one pass, predictable latency
-            condition_on_previous_text=False,
-            without_timestamps=True,
-            vad_filter=self.vad_filter,
-        )
+        beam = beam_size or self.beam_size
+        segments = self._decode(audio, beam, prompt)
+        prompt_dropped = False
+        if prompt and self.prompt_suspect(segments, prompt):
+            segments = self._decode(audio, beam, WhisperPrompt())
+            prompt_dropped = True
         texts, worst = [], 0.0
-        for seg in segments:  # a generator: decoding happens here
+        for seg in segments:
             if seg.no_speech_prob > self.no_speech_threshold and seg.avg_logprob < self.logprob_threshold:
                 continue  # Whisper itself thinks this is not speech
             texts.append(seg.text.strip())
             worst = max(worst, seg.no_speech_prob)
-        return Transcript(" ".join(t for t in texts if t), audio_s, time.perf_counter() - t0, worst)
+        return Transcript(" ".join(t for t in texts if t), audio_s, time.perf_counter() - t0, worst, prompt_dropped)
 
     def transcribe(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> str:
         """Finished utterance (16 kHz mono float32) -> text ("" for silence or noise)."""
