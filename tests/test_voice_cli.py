@@ -34,6 +34,25 @@ def test_say_then_transcribe_round_trip(tmp_path, capsys):
     assert "good morning" in text and "clinic" in text
 
 
+@pytest.mark.models
+def test_transcribe_takes_faster_whisper_names_and_a_vocabulary(tmp_path, capsys):
+    """`--model tiny.en` is the catalog's whisper-tiny.en; --vocabulary reaches Whisper."""
+    require_models("piper-joe-medium", "whisper-tiny.en")
+    wav = tmp_path / "q.wav"
+    assert main(["say", "Do you take Delta Dental or only Aetna?", "--out", str(wav), "--rate", "16000"]) == 0
+    capsys.readouterr()
+    assert main(["transcribe", str(wav), "--model", "tiny.en", "--phone",
+                 "--vocabulary", "Riverside Dental, Delta Dental, Aetna, Dr. Patel"]) == 0
+    text = capsys.readouterr().out.lower()
+    assert "delta dental" in text and "aetna" in text, text
+
+
+def test_transcribe_refuses_an_unknown_vocabulary_mode(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["transcribe", str(tmp_path / "a.wav"), "--vocabulary", "x", "--vocabulary-mode", "prompt"])
+    assert "initial_prompt" in capsys.readouterr().err
+
+
 def test_transcribe_unreadable_file_names_it(tmp_path, capsys):
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"not a wav file at all")

@@ -18,35 +18,49 @@ G.711 mu-law, back up), so you can hear-check how the agent copes with telephony
   specvoice transcribe hello.wav --model whisper-tiny.en  # faster, a little less accurate
   specvoice transcribe hello.wav --phone --timing         # as over a call, with timing on stderr
   specvoice transcribe hello.wav --model ~/models/my-ct2-whisper   # any CTranslate2 model folder
+  specvoice transcribe call.wav --phone --vocabulary "Riverside Dental, Dr. Patel, Aetna, slot"
 
-Models are catalog names pulled with `specvoice models pull NAME`, or a local folder.
+--vocabulary gives Whisper the words a caller is likely to say that it may not know
+(names, services, days), comma-separated, as its initial prompt (the agent's
+`stt.vocabulary`); --vocabulary-mode picks how (see `specvoice bench voice --vocabulary`).
+
+Models are catalog names pulled with `specvoice models pull NAME` (faster-whisper's names
+`base` and `tiny.en` work too), or a local folder.
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE.wav", help="audio file to transcribe (WAV, FLAC, OGG: anything libsndfile reads)")
     parser.add_argument("--model", default="whisper-base",
-                        help="catalog name (whisper-base, whisper-tiny.en) or a CTranslate2 model folder (default: %(default)s)")
+                        help="catalog name (whisper-base, whisper-tiny.en; or base, tiny.en) or a CTranslate2 "
+                             "model folder (default: %(default)s)")
     parser.add_argument("--phone", action="store_true", help="pass the audio through 8 kHz mu-law first, as a phone call would")
     parser.add_argument("--beam-size", type=int, default=1, help="beam search width; 1 is greedy and fastest (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     parser.add_argument("--compute-type", default="int8", help="CTranslate2 compute type (default: %(default)s)")
     parser.add_argument("--timing", action="store_true", help="print audio length, compute time and real-time factor to stderr")
+    parser.add_argument("--vocabulary", default="", metavar="WORDS",
+                        help="comma-separated words and phrases the speaker is likely to say (names, services)")
+    parser.add_argument("--vocabulary-mode", default="initial_prompt",
+                        choices=["none", "initial_prompt", "hotwords", "both"],
+                        help="how the vocabulary reaches Whisper (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.models import ModelNotFoundError, resolve_model
     from voice.errors import AudioFormatError, ModelLoadError
     from voice.mulaw import phone_roundtrip
-    from voice.stt import WhisperSTT
+    from voice.stt import WhisperPrompt, WhisperSTT
     from voice.wav import read_wav
 
+    prompt = WhisperPrompt.from_vocabulary(args.vocabulary.split(","), args.vocabulary_mode)
     try:
         audio, rate = read_wav(args.file)
         if args.phone:
             audio = phone_roundtrip(audio, rate)
         stt = WhisperSTT(resolve_model(args.model, kind="stt"), device=args.device,
-                         compute_type=args.compute_type, beam_size=args.beam_size)
+                         compute_type=args.compute_type, beam_size=args.beam_size,
+                         initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords)
         result = stt.transcribe_full(audio, rate)
     except (AudioFormatError, ModelNotFoundError, ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -54,5 +68,7 @@ def run(args: argparse.Namespace) -> int:
     print(result.text)
     if args.timing:
         print(f"audio {result.audio_s:.2f}s  compute {result.compute_s:.2f}s  RTF {result.rtf:.3f}"
-              f"{'  (via 8 kHz mu-law)' if args.phone else ''}", file=sys.stderr)
+              f"{'  (via 8 kHz mu-law)' if args.phone else ''}"
+              f"{'  (vocabulary prompt not trusted for this audio: decoded without it)' if result.prompt_dropped else ''}",
+              file=sys.stderr)
     return 0
