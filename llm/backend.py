@@ -1,4 +1,4 @@
-"""The LLM backend interface and its in-process implementation.
+"""The in-process LLM backend (the interface, `LLMBackend`, is in llm/types.py).
 
     backend.stream(messages, params, cancel) -> async iterator of TokenGroup
 
@@ -14,31 +14,10 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
-from typing import Protocol
 
 from llm.engine import Conversation, SpeculativeEngine
-from llm.types import GenerationStats, SamplingParams, TokenGroup
+from llm.types import GenerationStats, LLMBackend, SamplingParams, TokenGroup
 from threadrelay import relay
-
-
-class LLMBackend(Protocol):
-    """What a call needs of its language model.
-
-    `stream` yields one TokenGroup per step (a target pass in-process, a streamed chunk
-    from a server) and stops between steps once `cancel` is set, ending with a group whose
-    finish_reason is "cancelled". `last_stats` is the stats of the generation in progress
-    (updated as it runs), else of the last one; None before the first. `aclose` frees
-    what the backend holds (a conversation's KV cache, an HTTP client).
-    """
-
-    def stream(
-        self, messages: list[dict], params: SamplingParams, cancel: asyncio.Event | threading.Event | None = None
-    ) -> AsyncIterator[TokenGroup]: ...
-
-    @property
-    def last_stats(self) -> GenerationStats | None: ...
-
-    async def aclose(self) -> None: ...
 
 
 class SpeculativeBackend:
@@ -84,3 +63,6 @@ class _Stop:
 
     def is_set(self) -> bool:
         return self.closed.is_set() or (self.cancel is not None and self.cancel.is_set())
+
+
+__all__ = ["LLMBackend", "SpeculativeBackend"]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["eos", "length", "stop", "cancelled", "error"]
 
@@ -100,3 +103,24 @@ class GenerationStats:
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 5),
             "mean_gamma": round(sum(self.gammas) / len(self.gammas), 3) if self.gammas else 0.0,
         }
+
+
+@runtime_checkable
+class LLMBackend(Protocol):
+    """What a call needs of its language model.
+
+    `stream` yields one TokenGroup per step (a target pass in-process, a streamed chunk
+    from a server) and stops between steps once `cancel` is set, ending with a group whose
+    finish_reason is "cancelled". `last_stats` is the stats of the generation in progress
+    (updated as it runs), else of the last one; None before the first. `aclose` frees
+    what the backend holds (a conversation's KV cache, an HTTP client).
+    """
+
+    def stream(
+        self, messages: list[dict], params: SamplingParams, cancel: asyncio.Event | threading.Event | None = None
+    ) -> AsyncIterator[TokenGroup]: ...
+
+    @property
+    def last_stats(self) -> GenerationStats | None: ...
+
+    async def aclose(self) -> None: ...

@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from llm.backend import LLMBackend
+from llm.types import LLMBackend
 from voice.tts import AudioChunk
 
 __all__ = ["AudioFrame", "AudioSink", "AudioSource", "LLMBackend", "SpeechToText", "TextToSpeech"]
