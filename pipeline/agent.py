@@ -15,21 +15,22 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 
+from llm.types import LLMBackend
 from llm.types import SamplingParams
 from pipeline.config import Config
+from pipeline.ports import SpeechToText, TextToSpeech
 from voice.endpointer import EndpointConfig, Endpointer
+
+if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
+    from llm.engine import SpeculativeEngine
+    from voice.vad import SileroModel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentModels", "STTEngine", "endpoint_config", "sampling_params", "chars_token_count"]
-
-
-class STTEngine(Protocol):
-    def transcribe(self, audio: np.ndarray, sample_rate: int = 16000) -> str: ...
+__all__ = ["AgentModels", "endpoint_config", "sampling_params", "chars_token_count"]
 
 
 def endpoint_config(config: Config) -> EndpointConfig:
@@ -76,10 +77,10 @@ def _threads(config: Config, threads: int | None) -> tuple[int, int, int]:
 @dataclass
 class AgentModels:
     config: Config
-    stt: STTEngine
-    tts: Any  # voice.tts.TTSEngine
-    vad_model: Any  # voice.vad.SileroModel (or anything with .stream())
-    engine: Any = None  # llm.engine.SpeculativeEngine; None for the OpenAI backend
+    stt: SpeechToText
+    tts: TextToSpeech
+    vad_model: SileroModel
+    engine: SpeculativeEngine | None = None  # None for the OpenAI backend
     load_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -138,7 +139,7 @@ class AgentModels:
         if prefix:
             self.engine.warm_prefix(prefix)
 
-    def new_backend(self, config: Config | None = None):
+    def new_backend(self, config: Config | None = None) -> LLMBackend:
         """A fresh LLM backend for one call (its own conversation state)."""
         config = config or self.config
         if config.llm.backend == "openai":
