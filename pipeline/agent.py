@@ -17,9 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-
-from llm.types import LLMBackend
-from llm.types import SamplingParams
+from llm.types import LLMBackend, SamplingParams
 from pipeline.config import Config
 from pipeline.ports import SpeechToText, TextToSpeech
 from voice.endpointer import EndpointConfig, Endpointer
