@@ -65,7 +65,7 @@ class FilePlan:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    kind: str  # "llm" | "stt" | "tts"
+    kind: str  # "llm" | "stt" | "tts" | "turn"
     packages: tuple[str, ...]  # pip requirements, pinned: "name==version"
     description: str
     files: tuple[FilePlan, ...] = ()
@@ -151,6 +151,17 @@ def _build_catalog() -> dict[str, ModelSpec]:
             ),
             entry="en_US-joe-medium.onnx",
         ),
+        ModelSpec(
+            "smart-turn-v3.2", "turn", ("pipecat-ai==1.14.0",),
+            "End of turn: Pipecat Smart Turn v3.2 (BSD-2-Clause), Whisper log-mel -> P(turn complete) (ONNX)",
+            files=(
+                # One member of Pipecat's own wheel; pipecat itself is never imported.
+                FilePlan("smart-turn-v3.2-cpu.onnx",
+                         (("pipecat-ai", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"),),
+                         "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"),
+            ),
+            entry="smart-turn-v3.2-cpu.onnx",
+        ),
     ]
     return {spec.name: spec for spec in specs}
 
@@ -196,7 +207,7 @@ class Catalog(dict):
 CATALOG: dict[str, ModelSpec] = Catalog(_build_catalog())
 
 # Voice models first: they are small and quick, the LLM conversions take minutes.
-DEFAULT_ORDER = ("whisper-tiny.en", "whisper-base", "piper-joe-medium",
+DEFAULT_ORDER = ("whisper-tiny.en", "whisper-base", "piper-joe-medium", "smart-turn-v3.2",
                  "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 
 
