@@ -164,3 +164,17 @@ def test_dangling_word(text, word):
     from voice.turn_detector import dangling_word
 
     assert dangling_word(text) == word
+
+
+@pytest.mark.models
+def test_a_human_reader_mid_sentence_scores_low():
+    """LJ Speech: a person reading. Clips whose transcript ends on "," stop mid-sentence
+    (0.009-0.011 measured), those ending on "." are finished (0.97-0.99)."""
+    from conftest import speech_clips
+    from voice.wav import read_wav
+
+    detector = TurnDetector.load(require_model(CATALOG_NAME))
+    scored = [(text.rstrip()[-1], detector.probability(read_wav(path)[0])) for path, text in speech_clips()]
+    assert {mark for mark, _ in scored} == {".", ","}, scored
+    assert all(p >= 0.9 for mark, p in scored if mark == "."), scored
+    assert all(p <= 0.2 for mark, p in scored if mark == ","), scored
