@@ -178,3 +178,31 @@ def test_a_human_reader_mid_sentence_scores_low():
     assert {mark for mark, _ in scored} == {".", ","}, scored
     assert all(p >= 0.9 for mark, p in scored if mark == "."), scored
     assert all(p <= 0.2 for mark, p in scored if mark == ","), scored
+
+
+def test_turn_policy():
+    from voice.turn_detector import TurnPolicy
+
+    policy = TurnPolicy(check_silence_s=0.2, threshold=0.5, max_silence_s=1.5)
+    table = [
+        # silence, P, transcript -> action, reason
+        (0.0, None, None, "wait", "speaking"),
+        (0.1, None, None, "wait", "pause"),
+        (0.2, None, None, "ask", "pause"),
+        (0.2, 0.93, None, "end", "model"),
+        (0.2, 0.93, "Can I book a cleaning for next Tuesday?", "end", "model"),
+        (0.2, 0.97, "Can I book a cleaning for the", "wait", "dangling"),
+        (0.2, 0.97, "Can I book a cleaning for the.", "wait", "dangling"),
+        (0.6, 0.40, None, "wait", "incomplete"),
+        (0.6, 0.50, None, "wait", "incomplete"),  # "complete" is P > threshold, as in Pipecat
+        (1.5, 0.01, "and", "end", "timeout"),
+        (1.5, None, None, "end", "timeout"),
+    ]
+    for silence, p, text, action, reason in table:
+        decision = policy.decide(silence, p, text)
+        assert (decision.action, decision.reason) == (action, reason), (silence, p, text, decision)
+    assert TurnPolicy(hold_on_dangling=False).decide(0.3, 0.97, "for the").action == "end"
+    with pytest.raises(ValueError):
+        TurnPolicy(check_silence_s=2.0, max_silence_s=1.5)
+    with pytest.raises(ValueError):
+        TurnPolicy(threshold=1.0)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -177,3 +178,63 @@ def dangling_word(transcript: str) -> str | None:
     """
     words = "".join(c if c.isalpha() or c in "' " else " " for c in transcript.lower()).split()
     return words[-1] if words and words[-1] in DANGLING_WORDS else None
+
+
+# ---------------------------------------------------------------- the end-of-turn rule
+
+
+TurnAction = Literal["wait", "ask", "end"]
+
+
+@dataclass(frozen=True)
+class TurnDecision:
+    action: TurnAction  # wait: keep listening; ask: run the detector now; end: the turn is over
+    reason: str  # speaking | pause | model | incomplete | dangling | timeout
+
+
+@dataclass(frozen=True)
+class TurnPolicy:
+    """When a pause in the caller's speech ends the turn: VAD silence, Smart Turn, transcript.
+
+    Per pause (the VAD's trailing silence, reset whenever speech resumes):
+
+    - under `check_silence_s` of silence: wait (a breath, not a pause);
+    - at `check_silence_s`: ask Smart Turn once, on the turn's audio so far (from just
+      before speech started up to now, silence included; the last 8 s);
+    - P > `threshold`: the turn ends now, unless the transcript of all the speech so far
+      ends on a dangling word ("... for the"): then wait;
+    - otherwise wait, and end the turn anyway at `max_silence_s` of silence.
+
+    Pure: the caller owns clocks, audio and models, and passes what it knows.
+    """
+
+    check_silence_s: float = 0.2  # Pipecat's VAD stop_secs for Smart Turn
+    threshold: float = DEFAULT_THRESHOLD
+    max_silence_s: float = 1.5  # Pipecat waits 3 s; a phone agent that waits that long sounds dead
+    hold_on_dangling: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.check_silence_s < self.max_silence_s:
+            raise ValueError("need 0 < check_silence_s < max_silence_s")
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError("threshold must be in [0, 1)")
+
+    def decide(self, silence_s: float, probability: float | None = None,
+               transcript: str | None = None) -> TurnDecision:
+        """`silence_s`: trailing silence of the current pause (0 while speaking).
+        `probability`: Smart Turn's answer for this pause, None if not asked yet.
+        `transcript`: stable text + unconfirmed tail from a transcription that heard all the
+        speech of the turn so far; None when none is that fresh (then it is not used)."""
+        if silence_s <= 0.0:
+            return TurnDecision("wait", "speaking")
+        if silence_s >= self.max_silence_s:
+            return TurnDecision("end", "timeout")
+        if silence_s < self.check_silence_s:
+            return TurnDecision("wait", "pause")
+        if probability is None:
+            return TurnDecision("ask", "pause")
+        if probability <= self.threshold:
+            return TurnDecision("wait", "incomplete")
+        if self.hold_on_dangling and transcript is not None and dangling_word(transcript):
+            return TurnDecision("wait", "dangling")
+        return TurnDecision("end", "model")
