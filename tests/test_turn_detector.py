@@ -206,3 +206,74 @@ def test_turn_policy():
         TurnPolicy(check_silence_s=2.0, max_silence_s=1.5)
     with pytest.raises(ValueError):
         TurnPolicy(threshold=1.0)
+
+
+# ---------------------------------------------------------------- the recipe for the listen stage
+
+
+def take_turns(signal: np.ndarray, endpointer, detector, policy) -> list[dict]:
+    """What the call's listen stage should do, on a simulated clock (20 ms frames).
+
+    The endpointer runs with min_silence_ms = policy.check_silence_s, so its SpeechEnded is
+    a *pause*, not a turn: the pause's audio joins the pending turn, Smart Turn is asked
+    once on the pending turn's audio, and TurnPolicy decides; a turn left waiting ends when
+    the caller speaks again (the next pause is asked anew) or at max_silence_s (checked on
+    every frame's time). detector=None: every pause ends the turn (today's behaviour).
+    """
+    turns: list[dict] = []
+    pending: list[np.ndarray] = []
+    last_voiced = probability = None
+    frame = int(0.02 * STT_RATE)
+    for i in range(0, signal.size, frame):
+        t = i / STT_RATE
+        for event in endpointer.feed(signal[i:i + frame], t):
+            if not hasattr(event, "last_voiced_t"):  # SpeechStarted: the caller goes on
+                last_voiced = probability = None
+                continue
+            pending.append(event.audio)
+            last_voiced = event.last_voiced_t
+            probability = detector.probability(np.concatenate(pending)) if detector else 1.0
+            decision = policy.decide(event.declared_t - last_voiced, probability)
+            if decision.action == "end":
+                turns.append({"audio": np.concatenate(pending), "delay": event.declared_t - last_voiced,
+                              "reason": decision.reason, "probability": probability})
+                pending, last_voiced = [], None
+        now = t + frame / STT_RATE
+        if last_voiced is not None and policy.decide(now - last_voiced, probability).action == "end":
+            turns.append({"audio": np.concatenate(pending), "delay": now - last_voiced, "reason": "timeout",
+                          "probability": probability})
+            pending, last_voiced = [], None
+    return turns
+
+
+@pytest.mark.models
+def test_recipe_keeps_a_mid_sentence_pause_in_the_turn_and_ends_sooner(detector):
+    """A reader stops mid-sentence ("... the true printed book,"), pauses 0.8 s, finishes
+    ("has never been surpassed."). A plain 500 ms endpointer makes two turns of it and
+    answers the fragment; VAD + Smart Turn make one turn, declared ~0.2 s after the end."""
+    from conftest import speech_clips
+    from voice.endpointer import EndpointConfig, Endpointer
+    from voice.turn_detector import TurnPolicy
+    from voice.vad import SileroModel, SileroVAD
+    from voice.wav import read_wav
+
+    clips = {path.name: path for path, _ in speech_clips()}
+    first, second = read_wav(clips["LJ001-0004.wav"])[0], read_wav(clips["LJ001-0008.wav"])[0]
+    rng = np.random.default_rng(1)
+
+    def room(seconds: float) -> np.ndarray:
+        return (rng.standard_normal(int(seconds * STT_RATE)) * 0.002).astype(np.float32)
+
+    signal = np.concatenate([room(0.5), first, room(0.8), second, room(2.0)])
+    vad = SileroModel()
+    policy = TurnPolicy(check_silence_s=0.2, max_silence_s=1.5)
+
+    plain = take_turns(signal, Endpointer(SileroVAD(vad), EndpointConfig(min_silence_ms=500)), None, policy)
+    assert len(plain) == 2  # the fragment would be answered
+
+    turns = take_turns(signal, Endpointer(SileroVAD(vad), EndpointConfig(min_silence_ms=200)), detector, policy)
+    assert len(turns) == 1, [(t["reason"], t["probability"]) for t in turns]
+    (turn,) = turns
+    assert turn["reason"] == "model" and turn["probability"] > 0.9
+    assert turn["delay"] < 0.3  # vs 0.5 s for the plain endpointer
+    assert turn["audio"].size / STT_RATE > (first.size + second.size) / STT_RATE - 0.5  # both parts, one turn
