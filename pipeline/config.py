@@ -13,6 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.business import BusinessConfig, Layout, default_business
+from pipeline.business import system_prompt as business_prompt
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -50,25 +53,30 @@ class LLMConfig(Section):
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
 
     @model_validator(mode="after")
-    def _gamma_in_range(self) -> "LLMConfig":
+    def _gamma_in_range(self) -> LLMConfig:
         if isinstance(self.gamma, int) and self.gamma < 0:
             raise ValueError("llm.gamma must be 'auto' or an integer >= 0")
         return self
 
 
 class AgentConfig(Section):
-    name: str = "Riverside Dental"
-    system_prompt: str = (
-        "You are the friendly phone receptionist of Riverside Dental. Answer in one to three short "
-        "spoken sentences, no lists or markdown.\n"
-        "Facts: address 42 Harbor Street, Springfield. Hours: Monday to Friday 8 a.m. to 6 p.m., "
-        "Saturday 9 a.m. to 1 p.m., closed Sunday. Cleaning costs $89, a check-up $59, whitening "
-        "$249. Open slots: Tuesday 10:30 a.m., Wednesday 2:15 p.m., Friday 9:00 a.m. "
-        "Dr. Patel and Dr. Moreno are the dentists. Phone 555-0142."
-    )
-    greeting: str = "Riverside Dental, how can I help you today?"
+    """How the agent speaks. What it knows is the [business] section: the system prompt is
+    built from it (pipeline/business.py) unless `system_prompt` is given explicitly."""
+
+    name: str = ""  # empty: business.name
+    # An explicit prompt overrides the one built from [business] (configs written before
+    # [business] existed keep working); empty means "build it".
+    system_prompt: str = ""
+    greeting: str = ""  # empty: business.greeting
+    # How the prompt is built; the defaults measured best with `specvoice bench quality`.
+    prompt_layout: Layout = "lines"  # "lines": one labelled fact a line; "paragraph": the old running text
+    prompt_rules: bool = True  # explicit rules: only the facts, "let me check" rather than guess
+    prompt_examples: bool = True  # a few worked exchanges
     # Budget for the conversation history fed to the LLM; older turns are dropped first.
     history_tokens: int = Field(default=1536, ge=64)
+
+    def built_prompt(self, business: BusinessConfig) -> str:
+        return business_prompt(business, self.prompt_layout, self.prompt_rules, self.prompt_examples)
 
 
 class STTConfig(Section):
@@ -145,6 +153,8 @@ class MQTTConfig(Section):
 class Config(Section):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    # The business the agent answers for; without a [business] section, Riverside Dental.
+    business: BusinessConfig = Field(default_factory=default_business)
     stt: STTConfig = Field(default_factory=STTConfig)
     tts: TTSConfig = Field(default_factory=TTSConfig)
     vad: VADConfig = Field(default_factory=VADConfig)
@@ -152,6 +162,22 @@ class Config(Section):
     bridge: BridgeConfig = Field(default_factory=BridgeConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     mqtt: MQTTConfig = Field(default_factory=MQTTConfig)
+
+    @model_validator(mode="after")
+    def _agent_from_business(self) -> Config:
+        """Fill the agent's prompt, greeting and name from [business] where not given.
+
+        Everything downstream reads `agent.system_prompt` and `agent.greeting`, so a call,
+        the prefix warm-up and the benchmarks all see the same prompt."""
+        a, built = self.agent, self.agent.built_prompt(self.business)
+        if a.system_prompt and a.system_prompt != built and "business" in self.model_fields_set:
+            # Two sources of truth for what the agent knows: refuse rather than pick one.
+            raise ValueError("both agent.system_prompt and a [business] section are given; the prompt is built "
+                             "from [business], so drop agent.system_prompt (or drop [business] to keep your own prompt)")
+        a.system_prompt = a.system_prompt or built
+        a.greeting = a.greeting or self.business.greeting
+        a.name = a.name or self.business.name
+        return self
 
 
 class ConfigError(ValueError):

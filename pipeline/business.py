@@ -1,0 +1,271 @@
+"""The business the agent answers for, and the system prompt built from it.
+
+The business is the user's to configure: a `[business]` TOML section (see configs/default.toml
+and the README) holds its name, who the agent is, hours, prices, open slots, other facts
+and the greeting. `system_prompt(business, layout=..., rules=..., examples=...)` turns it
+into the LLM's system prompt; it is a pure function so the quality benchmark
+(`specvoice bench quality`) builds every business's prompt exactly as a call does.
+
+Why this shape (measured with `specvoice bench quality`, see the README's "Answer quality"):
+the 1.5B default model states a fact most reliably when each fact stands on its own short
+labelled line, when every day has its own hours line (a range like "Monday to Friday" is
+easily misread, and a missing "Sunday: closed" invites "yes, we're open Sundays"), and when
+the prompt says in so many words what to do with a question the facts do not answer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+__all__ = ["DAYS", "BusinessConfig", "Example", "Layout", "day_hours", "default_business", "system_prompt"]
+
+DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+Layout = Literal["paragraph", "lines"]
+
+
+def _not_blank(value, info, required: bool = False):
+    """A field that is given must say something: an empty string, list or table is a
+    mistake (a half-filled config), not a request for a default."""
+    field = f"business.{info.field_name}"
+    fix = "it is required" if required else "give it a value or leave the key out"
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(f"{field} is empty; {fix}")
+    if isinstance(value, (list, dict)):
+        if not value:
+            raise ValueError(f"{field} is empty; list at least one entry or leave the key out")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(item, str) and not item.strip():
+                raise ValueError(f"{field}[{key!r}] is empty")
+    return value
+
+
+class Example(BaseModel):
+    """One worked exchange shown to the model: a caller line and the ideal answer."""
+
+    model_config = ConfigDict(extra="forbid")
+    caller: str
+    agent: str
+
+    @field_validator("caller", "agent")
+    @classmethod
+    def _given(cls, value, info):
+        return _not_blank(value, info, required=True)
+
+
+class BusinessConfig(BaseModel):
+    """`[business]`: what the agent knows. name, role and greeting are required; every
+    other field is optional but, when present, must not be empty."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str  # "Riverside Dental"
+    role: str  # who the agent is: "phone receptionist", "support agent"
+    greeting: str  # the first thing the agent says on a call
+    about: str | None = None  # what the business is: "a family dental practice"
+    address: str | None = None
+    phone: str | None = None
+    # Label -> opening times, in order: {"Monday to Friday" = "8 a.m. to 6 p.m.", "Sunday" = "closed"}.
+    hours: dict[str, str] | None = None
+    # Item -> price as said: {"cleaning" = "$89", "filling" = "from $120"}.
+    prices: dict[str, str] | None = None
+    # Bookable times; the agent offers no others.
+    open_slots: list[str] | None = None
+    # Anything else the agent may say, one fact a line.
+    facts: list[str] | None = None
+    # Worked exchanges specific to this business (added to the built-in ones when examples are on).
+    examples: list[Example] | None = None
+
+    @field_validator("name", "role", "greeting")
+    @classmethod
+    def _required(cls, value, info):
+        return _not_blank(value, info, required=True)
+
+    @field_validator("about", "address", "phone", "hours", "prices", "open_slots", "facts", "examples")
+    @classmethod
+    def _optional(cls, value, info):
+        return _not_blank(value, info)
+
+
+# ---------------------------------------------------------------- hours
+
+
+def _day_index(word: str) -> int | None:
+    w = word.strip().lower().rstrip("s")
+    for i, d in enumerate(DAYS):
+        if w == d.lower() or (len(w) >= 3 and d.lower().startswith(w)):
+            return i
+    return None
+
+
+def _label_days(label: str) -> list[int] | None:
+    """The weekdays a label names: "Saturday", "Monday to Friday", "Tue-Sun", "Saturday and
+    Sunday", "weekdays"; None when it names something else ("Support", "Holidays")."""
+    text = label.strip().lower()
+    if text in ("every day", "daily", "all week"):
+        return list(range(7))
+    if text in ("weekdays", "weekday"):
+        return list(range(5))
+    if text in ("weekends", "weekend"):
+        return [5, 6]
+    m = re.fullmatch(r"(\w+)\s*(?:to|through|thru|-|–)\s*(\w+)", text)
+    if m:
+        a, b = _day_index(m.group(1)), _day_index(m.group(2))
+        if a is None or b is None:
+            return None
+        return [(a + i) % 7 for i in range((b - a) % 7 + 1)]
+    parts = [p for p in re.split(r"\s*(?:,|and|&)\s*", text) if p]
+    days = [_day_index(p) for p in parts]
+    return None if not days or None in days else days
+
+
+def day_hours(hours: dict[str, str]) -> list[tuple[str, str]] | None:
+    """One (day, hours) per weekday, Monday first, when every label names days; days no label
+    covers are closed. None when a label is not a day ("Support": "24 hours a day")."""
+    per_day: dict[int, str] = {}
+    for label, value in hours.items():
+        days = _label_days(label)
+        if days is None:
+            return None
+        for d in days:
+            per_day[d] = value
+    return [(DAYS[d], per_day.get(d, "closed")) for d in range(7)]
+
+
+def _is_closed(value: str) -> bool:
+    return value.strip().lower() in ("closed", "closed all day", "not open")
+
+
+# ---------------------------------------------------------------- the prompt
+
+STYLE = "Answer in one to three short spoken sentences, no lists or markdown."
+
+RULES = (
+    "Rules:\n"
+    "- Say only what the facts above say. Never invent a service, price, time, offer or discount.\n"
+    "- If the facts do not answer the question, say you don't have that information and offer to take a message. "
+    "Do not guess, and do not answer yes or no.\n"
+    "- Callers are often wrong. Before you say yes, check the facts; if they say otherwise, start with \"No\" and "
+    "give the right fact.\n"
+    "- Quote times and prices exactly as written above."
+)
+SLOT_RULE = "- Offer only the open slots listed above; no other day or time can be booked."
+
+
+def _builtin_examples(b: BusinessConfig) -> list[Example]:
+    """Generic worked examples, filled from the business's own facts so they never teach a
+    false one. They show the ways the model goes wrong: agreeing with a false premise,
+    guessing an answer it does not have. They are not questions of the quality benchmark."""
+    out: list[Example] = []
+    if b.prices:
+        item, price = next(iter(b.prices.items()))
+        wrong = _wrong_price(price)
+        if wrong:
+            out.append(Example(caller=f"The {item} is {wrong}, right?", agent=f"No, sorry, the {item} is {price}."))
+    closed = [d for d, v in (day_hours(b.hours) or []) if _is_closed(v)] if b.hours else []
+    if closed:
+        out.append(Example(caller=f"Can I come by on {closed[0]}?", agent=f"Sorry, we're closed on {closed[0]}."))
+    out.append(Example(caller="Do you sell gift cards?",
+                       agent="I don't have that information, sorry. I can take a message and have someone call you "
+                             "back. Can I have your name and number?"))
+    return out
+
+
+def _wrong_price(price: str) -> str | None:
+    """The first dollar amount of `price` doubled, as a made-up wrong figure."""
+    m = re.search(r"\$(\d+(?:\.\d\d)?)", price)
+    if not m:
+        return None
+    value = float(m.group(1)) * 2
+    return f"${value:.2f}" if "." in m.group(1) else f"${value:.0f}"
+
+
+def _join(items: list[str]) -> str:
+    if len(items) == 1:
+        return items[0]
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _paragraph_facts(b: BusinessConfig) -> str:
+    """The facts as one running paragraph: how the prompt was written before this module."""
+    parts = []
+    if b.address:
+        parts.append(f"address {b.address}.")
+    if b.hours:
+        parts.append("Hours: " + ", ".join(f"{k} {v}" for k, v in b.hours.items()) + ".")
+    if b.prices:
+        parts.append("Prices: " + ", ".join(f"{k} {v}" for k, v in b.prices.items()) + ".")
+    if b.open_slots:
+        parts.append("Open slots: " + ", ".join(b.open_slots) + ".")
+    parts += [_sentence(f) for f in b.facts or []]
+    if b.phone:
+        parts.append(f"Phone {b.phone}.")
+    return "Facts: " + " ".join(parts)
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text[-1] in ".!?" else text + "."
+
+
+def _line_facts(b: BusinessConfig) -> str:
+    """The facts one per labelled line; hours one line per day when the labels are days."""
+    lines = [f"Business: {b.name}" + (f", {b.about}" if b.about else "")]
+    if b.address:
+        lines.append(f"Address: {b.address}")
+    if b.phone:
+        lines.append(f"Phone: {b.phone}")
+    if b.hours:
+        days = day_hours(b.hours)
+        if days is None:
+            lines += [f"Hours, {k}: {v}" for k, v in b.hours.items()]
+        else:
+            lines += [f"Hours, {d}: {v}" for d, v in days]
+    if b.prices:
+        lines += [f"Price of {k}: {v}" for k, v in b.prices.items()]
+    if b.open_slots:
+        lines += [f"Open slot: {s}" for s in b.open_slots]
+        lines.append("No other appointment times are open.")
+    lines += [_sentence(f) for f in b.facts or []]
+    return "Facts:\n" + "\n".join(f"- {line}" for line in lines)
+
+
+def system_prompt(business: BusinessConfig, layout: Layout = "lines", rules: bool = True, examples: bool = True) -> str:
+    """The system prompt for `business`.
+
+    layout: "lines" (one labelled fact a line, hours per day) or "paragraph" (one running
+    paragraph, the old style). rules: the explicit rules (only the facts; say 'let me check'
+    rather than guess; correct a false premise). examples: a few worked exchanges, the
+    built-in generic ones plus the business's own.
+    """
+    b = business
+    who = f"You are the {b.role} of {b.name}" + (f", {b.about}" if b.about else "") + ", speaking on the phone."
+    parts = [f"{who} {STYLE}", _line_facts(b) if layout == "lines" else _paragraph_facts(b)]
+    if rules:
+        parts.append(RULES + ("\n" + SLOT_RULE if b.open_slots else ""))
+    if examples:
+        shown = _builtin_examples(b) + list(b.examples or [])
+        parts.append("Examples:\n" + "\n".join(f'Caller: "{e.caller}"\nYou: "{e.agent}"' for e in shown))
+    return "\n\n".join(parts)
+
+
+def default_business() -> BusinessConfig:
+    """Riverside Dental, the demo business of the default config (the same facts as
+    demo/data/businesses/dental.toml and the dental turns of demo/data/dialogues.json)."""
+    return BusinessConfig(
+        name="Riverside Dental",
+        role="phone receptionist",
+        about="a dental practice",
+        address="42 Harbor Street, Springfield, next to the public library",
+        phone="555-0142",
+        hours={"Monday to Friday": "8 a.m. to 6 p.m.", "Saturday": "9 a.m. to 1 p.m.", "Sunday": "closed"},
+        prices={"cleaning": "$89", "check-up": "$59", "whitening": "$249", "filling": "from $120"},
+        open_slots=["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno",
+                    "Friday 9:00 a.m. with Dr. Patel"],
+        facts=["Dentists: Dr. Priya Patel and Dr. Luis Moreno", "Insurance: we accept Delta Dental and Aetna",
+               "Parking is free behind the building"],
+        greeting="Riverside Dental, how can I help you today?",
+    )

@@ -1,0 +1,182 @@
+"""The [business] config section and the system prompt built from it (pipeline/business.py)."""
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pipeline.business import BusinessConfig, day_hours, default_business, system_prompt
+from pipeline.config import Config, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+BUSINESSES = ROOT / "demo" / "data" / "businesses"
+
+MINIMAL = '[business]\nname = "Luigi\'s Bistro"\nrole = "host"\ngreeting = "Luigi\'s, good evening!"\n'
+
+
+def business(path: Path) -> BusinessConfig:
+    return BusinessConfig.model_validate(tomllib.loads(path.read_text())["business"])
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize("field", ["name", "role", "greeting"])
+def test_a_missing_required_field_is_an_error_naming_it(tmp_path, field):
+    text = "\n".join(line for line in MINIMAL.splitlines() if not line.startswith(field)) + "\n"
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert f"business.{field}" in str(err.value) and "Field required" in str(err.value)
+
+
+@pytest.mark.parametrize("line, field", [
+    ('name = "  "', "business.name"),
+    ('greeting = ""', "business.greeting"),
+])
+def test_an_empty_required_field_is_an_error_naming_it(tmp_path, line, field):
+    key = line.split(" = ")[0]
+    text = "\n".join(ln for ln in MINIMAL.splitlines() if not ln.startswith(key)) + "\n" + line + "\n"
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert f"{field} is empty; it is required" in str(err.value)
+
+
+@pytest.mark.parametrize("extra, field", [
+    ('address = ""', "business.address"),
+    ("open_slots = []", "business.open_slots"),
+    ("facts = []", "business.facts"),
+    ("[business.hours]", "business.hours"),
+    ("[business.prices]", "business.prices"),
+])
+def test_an_empty_optional_field_is_an_error_naming_it(tmp_path, extra, field):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, MINIMAL + extra + "\n"))
+    assert f"{field} is empty" in str(err.value) and "leave the key out" in str(err.value)
+
+
+def test_an_empty_entry_in_a_list_or_table_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"business.open_slots\[1\] is empty"):
+        load_config(write(tmp_path, MINIMAL + 'open_slots = ["Tuesday 6 p.m.", " "]\n'))
+    with pytest.raises(ConfigError, match=r"business.prices\['risotto'\] is empty"):
+        load_config(write(tmp_path, MINIMAL + '[business.prices]\nrisotto = ""\n'))
+
+
+def test_an_unknown_business_key_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="business.opening_hours"):
+        load_config(write(tmp_path, MINIMAL + 'opening_hours = "9 to 5"\n'))
+
+
+def test_a_minimal_business_builds_a_prompt_and_greeting(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    assert cfg.agent.greeting == "Luigi's, good evening!" and cfg.agent.name == "Luigi's Bistro"
+    assert "You are the host of Luigi's Bistro" in cfg.agent.system_prompt
+
+
+# ---------------------------------------------------------------- old configs, overrides
+
+
+def test_an_explicit_system_prompt_still_overrides_when_there_is_no_business_section(tmp_path):
+    cfg = load_config(write(tmp_path, '[agent]\nsystem_prompt = "You are a pirate."\ngreeting = "Ahoy"\n'))
+    assert cfg.agent.system_prompt == "You are a pirate." and cfg.agent.greeting == "Ahoy"
+
+
+def test_a_prompt_and_a_business_together_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="both agent.system_prompt and a \\[business\\] section"):
+        load_config(write(tmp_path, '[agent]\nsystem_prompt = "You are a pirate."\n' + MINIMAL))
+
+
+def test_a_config_survives_a_dump_and_reload():
+    cfg = load_config()
+    again = Config.model_validate(json.loads(json.dumps(cfg.model_dump(mode="json"))))
+    assert again.agent.system_prompt == cfg.agent.system_prompt and again.business == cfg.business
+
+
+def test_prompt_options_change_the_built_prompt(tmp_path):
+    lines = load_config(write(tmp_path, MINIMAL + '[business.hours]\n"Tuesday to Sunday" = "5 p.m. to 10 p.m."\n'))
+    para = load_config(write(tmp_path, '[agent]\nprompt_layout = "paragraph"\nprompt_rules = false\n'
+                             'prompt_examples = false\n' + MINIMAL + '[business.hours]\n"Tuesday to Sunday" = "5 p.m. to 10 p.m."\n'))
+    assert "- Hours, Monday: closed" in lines.agent.system_prompt
+    assert "Hours: Tuesday to Sunday 5 p.m. to 10 p.m." in para.agent.system_prompt
+    assert "Rules:" not in para.agent.system_prompt and "Examples:" not in para.agent.system_prompt
+
+
+# ---------------------------------------------------------------- the default business
+
+
+def test_default_config_default_business_and_dental_file_agree():
+    """One Riverside Dental: configs/default.toml, the built-in default and the bench's file."""
+    dental = business(BUSINESSES / "dental.toml")
+    assert load_config().business == default_business() == dental
+    assert Config().business == dental  # a config without [business] (gpu.toml, test.toml)
+    for name in ("gpu", "test"):
+        assert load_config(name).agent.system_prompt == load_config().agent.system_prompt
+
+
+def numbers(text: str) -> set[str]:
+    return set(re.findall(r"\d+(?:[:.]\d+)?", text))
+
+
+@pytest.mark.parametrize("key", ["dental", "bistro", "isp", "shop"])
+def test_each_demo_business_states_every_figure_of_its_dialogues_prompt(key):
+    """The business files hold the same facts as the benchmark dialogues' prompts: every
+    number there (prices, times, order numbers) is in the prompt built from the file."""
+    turns = json.loads((ROOT / "demo" / "data" / "dialogues.json").read_text())["turns"]
+    old = next(t["messages"][0]["content"] for t in turns if t["id"].startswith(key + "-"))
+    built = system_prompt(business(BUSINESSES / f"{key}.toml"))
+    assert numbers(old) <= numbers(built), numbers(old) - numbers(built)
+
+
+# ---------------------------------------------------------------- the prompt builder
+
+
+def test_hours_ranges_expand_to_one_line_per_day_and_unlisted_days_are_closed():
+    assert day_hours({"Monday to Friday": "8-6", "Saturday": "9-1"}) == [
+        ("Monday", "8-6"), ("Tuesday", "8-6"), ("Wednesday", "8-6"), ("Thursday", "8-6"), ("Friday", "8-6"),
+        ("Saturday", "9-1"), ("Sunday", "closed")]
+    assert day_hours({"Tue-Sun": "5-10"})[0] == ("Monday", "closed")
+    assert day_hours({"Saturday and Sunday": "10-4"})[5:] == [("Saturday", "10-4"), ("Sunday", "10-4")]
+    assert day_hours({"weekdays": "9-5"})[4:] == [("Friday", "9-5"), ("Saturday", "closed"), ("Sunday", "closed")]
+    assert day_hours({"Phone support": "24 hours a day"}) is None  # not days: kept as written
+
+
+def test_lines_layout_has_one_labelled_fact_a_line():
+    p = system_prompt(default_business(), layout="lines", rules=False, examples=False)
+    for line in ("- Address: 42 Harbor Street, Springfield, next to the public library", "- Phone: 555-0142",
+                 "- Hours, Friday: 8 a.m. to 6 p.m.", "- Hours, Sunday: closed", "- Price of cleaning: $89",
+                 "- Open slot: Wednesday 2:15 p.m. with Dr. Moreno", "- Parking is free behind the building."):
+        assert line in p.splitlines(), line
+    assert "Rules:" not in p and "Examples:" not in p
+
+
+def test_rules_and_examples_are_options():
+    b = default_business()
+    p = system_prompt(b, rules=True, examples=True)
+    assert "offer to take a message" in p and "Offer only the open slots" in p
+    assert 'Caller: "Can I come by on Sunday?"' in p and "closed on Sunday" in p
+    assert 'Caller: "The cleaning is $178, right?"\nYou: "No, sorry, the cleaning is $89."' in p
+    # Examples only quote the business's own facts: a business with no closed day and no
+    # slots gets no closed-day or slot example.
+    isp = business(BUSINESSES / "isp.toml")
+    q = system_prompt(isp, rules=False, examples=True)
+    assert "closed" not in q and "open times" not in q
+
+
+def test_business_examples_from_the_config_are_added():
+    b = BusinessConfig(name="Luigi's", role="host", greeting="Hi", examples=[{"caller": "Valet?", "agent": "Let me check."}])
+    assert 'Caller: "Valet?"\nYou: "Let me check."' in system_prompt(b, examples=True)
+    assert "Valet" not in system_prompt(b, examples=False)
+
+
+def test_paragraph_layout_is_the_old_single_paragraph():
+    p = system_prompt(default_business(), layout="paragraph", rules=False, examples=False)
+    facts = p.split("\n\n")[1]
+    assert facts.startswith("Facts: address 42 Harbor Street") and "\n" not in facts
+    assert "Hours: Monday to Friday 8 a.m. to 6 p.m., Saturday 9 a.m. to 1 p.m., Sunday closed." in facts
