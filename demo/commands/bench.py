@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "benchmarks: llm, engine, voice, pipeline, load"
+HELP = "benchmarks: llm, engine, voice, pipeline, load, quality"
 DESCRIPTION = """\
 Benchmarks print their figures and write JSON (--out). Compare modes side by side in
 one run: this machine is shared and noisy, so ratios measured together are what count.
@@ -14,6 +14,7 @@ one run: this machine is shared and noisy, so ratios measured together are what 
   specvoice bench voice --out voice.json          # STT / TTS / VAD real-time factors
   specvoice bench pipeline --out pipeline.json    # a scripted call, speculation on vs off
   specvoice bench load --calls 1 2 4              # N simulated callers against one bridge
+  specvoice bench quality --out quality.json      # % correct / % false claims on fact-checked questions
 """
 
 # (name, module): each module has HELP, DESCRIPTION, add_arguments(parser), run(args).
@@ -23,6 +24,7 @@ BENCHES: list[tuple[str, str]] = [
     ("voice", "demo.bench_voice"),
     ("pipeline", "demo.bench_pipeline"),
     ("load", "demo.bench_load"),
+    ("quality", "demo.bench_quality"),
 ]
 
 
