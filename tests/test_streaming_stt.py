@@ -244,3 +244,41 @@ def test_streaming_whisper_matches_the_whole_utterance_on_real_speech():
     wer_stream = jiwer.wer(words(reference), words(final))
     assert wer_stream <= wer_whole + 0.08, (final, whole)  # at most one more error in 13 words
     assert stream.stats.tail_s < stream.stats.utterance_s / 2
+
+
+async def test_async_passes_never_overlap_and_finish_waits_for_the_pass():
+    import asyncio
+    import threading
+
+    go = threading.Event()
+
+    class Blocking(Scripted):
+        def words(self, audio, prompt=None):
+            go.wait(5)
+            return super().words(audio, prompt)
+
+    rec = Blocking("one two", tail="one two three")
+    stream = StreamingTranscriber(recognizer=rec, interval_s=0.5)
+    feeds = []
+    for pcm, t in chunks(1.2):  # a pass is due at 0.6 s and again at 1.1 s, while the first runs
+        feeds.append(asyncio.ensure_future(stream.feed_async(pcm, t)))
+        await asyncio.sleep(0)
+    finished = asyncio.ensure_future(stream.finish_async())
+    await asyncio.sleep(0.05)
+    assert not finished.done()  # waits for the running pass
+    go.set()
+    results = await asyncio.gather(*feeds)
+    assert [[e.kind for e in events] for events in results] == [[]] * 5 + [["interim"]] + [[]] * 6
+    assert await finished == "one two three"
+    assert [round(seconds, 1) for seconds, _ in rec.calls] == [0.6, 1.2]  # one pass, then the whole tail
+
+
+def test_reset_discards_a_running_pass():
+    rec = Scripted("one two", "one two three")
+    stream = StreamingTranscriber(recognizer=rec, interval_s=0.5)
+    for pcm, t in chunks(0.5):
+        stream.feed(pcm, t)
+    generation = stream._generation
+    stream.reset()
+    assert stream._pass(np.zeros(STT_RATE, np.float32), 1.0, generation) == []
+    assert stream.text == "" and rec.calls  # the recognizer ran; its answer was dropped

@@ -203,9 +203,10 @@ class StreamingTranscriber:
     """One utterance at a time: `feed` audio as it arrives, `finish` at the end of the turn.
 
     `feed` transcribes the buffer when `interval_s` of stream time has passed since the
-    last pass (and at least `min_audio_s` is buffered); it blocks for that pass (~0.1-0.5 s
-    with tiny.en on 2 cores), so async code calls `feed_async`/`finish_async`, which run it
-    in an executor (one at a time per transcriber). After `finish` the transcriber is empty
+    last pass (and at least `min_audio_s` is buffered); it blocks for that pass (0.3-1 s
+    with tiny.en on 2 busy cores, word timestamps included), so async code calls
+    `feed_async`/`finish_async`: audio is added on the loop, passes run in an executor one
+    at a time, and finish waits for a running pass. After `finish` the transcriber is empty
     and ready for the next utterance; `stats` describes the one just finished.
     """
 
@@ -227,7 +228,9 @@ class StreamingTranscriber:
         self.reset()
 
     def reset(self) -> None:
-        """Drop the utterance in progress."""
+        """Drop the utterance in progress (a pass still running in a worker is ignored)."""
+        self._generation = getattr(self, "_generation", 0) + 1
+        self._inflight: asyncio.Future | None = None
         self.agreement = LocalAgreement()
         self._chunks: list[np.ndarray] = []
         self._audio = np.zeros(0, np.float32)
@@ -261,33 +264,43 @@ class StreamingTranscriber:
 
     # -------------------------------------------------------------- stream
 
-    def feed(self, pcm16k: np.ndarray, t: float | None = None) -> list[TranscriptEvent]:
-        """Add audio (16 kHz mono, float32 or int16); `t` is the stream time now (seconds, any
-        clock; default: seconds of audio fed so far). Returns the events of a pass, if one ran."""
+    def append(self, pcm16k: np.ndarray) -> None:
+        """Add audio (16 kHz mono, float32 or int16) without transcribing."""
         pcm = np.asarray(pcm16k)
         if pcm.ndim != 1:
             raise AudioFormatError(f"streaming STT wants 1-D 16 kHz mono audio, got shape {pcm.shape}")
         if pcm.size:
             self._chunks.append(to_float32(pcm).copy())
+
+    def _due(self, t: float | None) -> float | None:
+        """The stream time now if a pass is due, else None."""
         now = self.audio_s if t is None else float(t)
         if self._first_at is None:
             self._first_at = now
         due_from = self._first_at if self._last_pass_at is None else self._last_pass_at
         if now - due_from < self.interval_s or self.audio_s < self.min_audio_s:
-            return []
-        return self._pass(now)
+            return None
+        return now
+
+    def feed(self, pcm16k: np.ndarray, t: float | None = None) -> list[TranscriptEvent]:
+        """Add audio (16 kHz mono, float32 or int16); `t` is the stream time now (seconds, any
+        clock; default: seconds of audio fed so far). Returns the events of a pass, if one ran."""
+        self.append(pcm16k)
+        now = self._due(t)
+        return [] if now is None else self._pass(self._buffer(), now, self._generation)
 
     def _prompt_before(self, start_s: float) -> str | None:
         return join_words([w for w in self.agreement.committed if w.end <= start_s]) or None
 
-    def _pass(self, now: float) -> list[TranscriptEvent]:
-        audio = self._buffer()
+    def _pass(self, audio: np.ndarray, now: float, generation: int) -> list[TranscriptEvent]:
         if audio.size - self._buffer_start > self.max_buffer_s * STT_RATE and self.agreement.committed:
             # Keep Whisper's input short: restart the buffer at the last committed word.
             self._buffer_start = max(self._buffer_start, int(self.agreement.last_end * STT_RATE))
         offset = self._buffer_start / STT_RATE
         started = time.perf_counter()
         words = self.recognizer.words(audio[self._buffer_start:], self._prompt_before(offset))
+        if generation != self._generation:
+            return []  # reset while this pass ran: its utterance is gone
         self._compute_s += time.perf_counter() - started
         self._passes += 1
         self._last_pass_at = now
@@ -318,7 +331,9 @@ class StreamingTranscriber:
         0.5 s or 1 s, whole-utterance 0.068). The re-heard committed words are dropped by
         time and by the n-gram overlap check, as in every streaming pass; the prompt is the
         stable text before the cut. `finish_overlap_s=0` cuts exactly at the word's end."""
-        audio = self._buffer()
+        return self._finish(self._buffer())
+
+    def _finish(self, audio: np.ndarray) -> str:
         cut_s = self.agreement.last_end - self.finish_overlap_s if self.agreement.committed else 0.0
         cut = min(audio.size, max(self._buffer_start, int(round(cut_s * STT_RATE))))
         started = time.perf_counter()
@@ -337,9 +352,24 @@ class StreamingTranscriber:
 
     async def feed_async(self, pcm16k: np.ndarray, t: float | None = None,
                          executor: Executor | None = None) -> list[TranscriptEvent]:
+        """`feed` for the event loop: the audio is added at once; a due pass runs in `executor`
+        on a snapshot of the buffer. While a pass runs, no other starts (the next due frame
+        starts it), so passes never overlap and stretch out when the machine is slow."""
+        self.append(pcm16k)
+        if self._inflight is not None and not self._inflight.done():
+            return []
+        now = self._due(t)
+        if now is None:
+            return []
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self.feed, pcm16k, t)
+        self._inflight = loop.run_in_executor(executor, self._pass, self._buffer(), now, self._generation)
+        # Shielded: a cancelled caller leaves the pass to finish in its thread, still marked
+        # in flight, rather than a second pass starting beside it.
+        return await asyncio.shield(self._inflight)
 
     async def finish_async(self, executor: Executor | None = None) -> str:
+        """`finish` in `executor`, after any pass still running."""
+        if self._inflight is not None:
+            await asyncio.wait([self._inflight])
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self.finish)
+        return await loop.run_in_executor(executor, self._finish, self._buffer())
