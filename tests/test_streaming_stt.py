@@ -282,3 +282,16 @@ def test_reset_discards_a_running_pass():
     stream.reset()
     assert stream._pass(np.zeros(STT_RATE, np.float32), 1.0, generation) == []
     assert stream.text == "" and rec.calls  # the recognizer ran; its answer was dropped
+
+
+def test_a_long_utterance_restarts_the_buffer_at_the_last_committed_word():
+    rec = Scripted("a b c", "a b c d", "d e f", "d e f g")  # after the trim, times count from the cut
+    stream = StreamingTranscriber(recognizer=rec, interval_s=0.5, max_buffer_s=1.0)
+    for pcm, t in chunks(2.1):
+        stream.feed(pcm, t)
+    # Passes at 0.6 and 1.1 s commit "a b c" (ends 0.9 s). At 1.6 s the buffer is over 1 s
+    # long: the pass hears the audio from 0.9 s on, with the words before it as the prompt,
+    # and commits "d" (ends 1.2 s); at 2.1 s it restarts at 1.2 s, where the re-heard "d"
+    # is dropped as a repeat and "e f" is confirmed.
+    assert [(round(s, 1), p) for s, p in rec.calls] == [(0.6, None), (1.1, None), (0.7, "a b c"), (0.9, "a b c d")]
+    assert stream.stable_text == "a b c d e f"
