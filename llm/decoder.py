@@ -12,7 +12,6 @@ the tokens turn N added. Rolling back after a rejection is setting the valid len
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,9 +21,10 @@ import torch
 
 from llm.detokenize import IncrementalDetokenizer
 from llm.drafters import Drafter, Proposal, common_prefix
-from llm.gamma import GammaController
-from llm.model import KVCache, Transformer, forward, new_cache
+from llm.gamma import GammaController, Load
+from llm.model import KVCache, Segment, Transformer, forward, new_cache
 from llm.sampling import choose, verify_greedy, verify_sampled, warp
+from llm.scheduler import Piece, SoloRunner
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 
@@ -86,6 +86,10 @@ class Generation:
     max_context: int
     cancel: threading.Event | None = None
     lock: threading.Lock | None = None  # serialises passes when several calls share a model
+    # Runs each pass: `run(prepare, finish, hint) -> (result, PassInfo)`. The engine's
+    # scheduler batches the passes of all its conversations on one thread; None: each pass
+    # runs on the calling thread behind `lock` (llm.scheduler.SoloRunner).
+    runner: object | None = None
 
 
 def speculative_stream(
@@ -117,19 +121,30 @@ def speculative_stream(
             f"prompt has {len(prompt)} tokens but the context holds {gen.max_context}: "
             "shorten the history or the system prompt, or raise llm.context_tokens"
         )
-    lock = gen.lock or contextlib.nullcontext()
+    runner = gen.runner if gen.runner is not None else SoloRunner(gen.lock)
     t_start = clock()
     stats.prompt_tokens = len(prompt)
 
-    # Prefill: the prompt's last position predicts the first new token.
-    with lock:
-        t0 = clock()
-        logits, computed = prefill(target, seq, prompt)
-        token = choose(logits, params, generator)
-        stats.prefill_s = clock() - t0
+    # Prefill: the prompt's last position predicts the first new token. Both callbacks run
+    # where the runner runs passes (the engine thread); they touch only this conversation.
+    keep = min(common_prefix(seq.tokens, prompt), len(prompt) - 1)
+    computed = len(prompt) - keep
+
+    def prepare_prefill(load: Load) -> Piece:
+        todo = torch.tensor(prompt[keep:], dtype=torch.long, device=target.device)
+        return Piece(target, Segment(seq.cache, todo, keep, all_logits=False), 1.0, 0.0)
+
+    def finish_prefill(logits: torch.Tensor) -> int:
+        seq.tokens = list(prompt)
+        return choose(logits[-1], params, generator)
+
+    t0 = clock()
+    token, _ = runner.run(prepare_prefill, finish_prefill, Load(rows=computed, tokens=1.0))
+    stats.prefill_s = clock() - t0
     stats.prefilled_tokens = computed
     stats.passes = 1
     pending = token  # sampled but not yet in the target's cache
+    hint = Load(rows=1, tokens=1.0)
     context = list(prompt)
     produced: list[int] = []
 
@@ -173,18 +188,30 @@ def speculative_stream(
         remaining = params.max_new_tokens - len(produced)
         room = gen.max_context - len(context)
         limit = max(0, min(controller.max_gamma, remaining - 1, room - 1))
-        with lock:
+        box: dict = {}
+
+        # Called by the runner before it returns, within this iteration (defaults bind the values).
+        def prepare(load: Load, box=box, limit=limit, pending=pending, base=base) -> Piece:
+            controller.load = load
             t0 = clock()
             proposal = draft(drafters, controller, context, limit, params) if limit > 0 and drafters else Proposal([])
-            t1 = clock()
-            drafts = proposal.tokens
-            rows = torch.tensor([pending] + drafts, dtype=torch.long, device=target.device)
-            logits = forward(target, seq.cache, rows, base, all_logits=True)
+            box["draft_s"] = clock() - t0
+            box["proposal"] = proposal
+            rows = torch.tensor([pending] + proposal.tokens, dtype=torch.long, device=target.device)
+            expected = controller.expected(proposal.source, len(proposal.tokens))
+            return Piece(target, Segment(seq.cache, rows, base, all_logits=True), expected, box["draft_s"])
+
+        def finish(logits: torch.Tensor, box=box):
+            drafts = box["proposal"].tokens
             if params.greedy:
-                verdict = verify_greedy(logits, drafts)
-            else:
-                verdict = verify_sampled(warp(logits, params), drafts, proposal.probs, generator)
-            t2 = clock()
+                return verify_greedy(logits, drafts)
+            return verify_sampled(warp(logits, params), drafts, box["proposal"].probs, generator)
+
+        verdict, info = runner.run(prepare, finish, hint)
+        proposal = box["proposal"]
+        drafts = proposal.tokens
+        # What this conversation brings to a pass, for the others' gamma until it prepares its next.
+        hint = Load(rows=len(drafts) + 1, tokens=controller.expected(proposal.source, len(drafts)), draft_s=box["draft_s"])
         # Roll back: keep pending + accepted drafts; the rest of the cache is stale.
         kept = drafts[: verdict.accepted]
         seq.cache.length = base + 1 + len(kept)
@@ -193,10 +220,11 @@ def speculative_stream(
         stats.passes += 1
         stats.drafted += len(drafts)
         stats.accepted += len(kept)
-        stats.draft_s += t1 - t0
-        stats.verify_s += t2 - t1
+        stats.draft_s += box["draft_s"]
+        stats.verify_s += info.seconds
         stats.gammas.append(len(drafts))
-        controller.observe_verify(len(drafts) + 1, t2 - t1)
+        # The pass's cost is a function of all its rows (other conversations' too).
+        controller.observe_verify(info.rows, info.seconds)
         controller.observe_draft(proposal.source, len(drafts), len(kept), proposal.cost_s)
         for d in drafters:
             d.accepted(len(kept))

@@ -5,10 +5,16 @@
     for group in engine.stream(engine.chat_prompt(messages), params, conv):
         print(group.text, end="")
 
-One engine serves many conversations (calls); a fair lock hands the model to one
-target pass at a time, so concurrent calls interleave pass by pass rather than one
-call holding it for a whole answer. The K/V of a shared prefix (the system prompt)
-is computed once and copied into each new conversation.
+One engine serves many conversations (calls). Every pass runs on one engine thread that
+owns the model (llm/scheduler.py): a call's thread submits its pass and waits for its
+verdict, and the engine thread runs the rows of all the conversations waiting at that
+moment as ONE target forward (linears over all rows, attention per conversation over its
+own cache), each conversation with its own drafts and gamma. The batch-invariant int8
+(and the rowwise float) numerics make this exact: a call's tokens are those it gets
+alone, whatever the other calls do. Conversations join and leave between passes.
+`batched=False` keeps the engine thread but runs each conversation's pass alone.
+The K/V of a shared prefix (the system prompt) is computed once and copied into each
+new conversation.
 
 Fixed width (`fixed_width=True`, the default on CUDA): every conversation's KV caches
 are static (preallocated to context + R, R = max_gamma + 1) and every target pass,
@@ -24,6 +30,7 @@ import copy
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +45,7 @@ from llm.loading import LoadedModel, check_tokenizers_match, load_model
 from llm.cuda_graphs import static_cache, synchronize
 from llm.model import forward, new_cache
 from llm.quant import Linear
+from llm.scheduler import PassScheduler
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 log = logging.getLogger(__name__)
@@ -99,6 +107,29 @@ class SpeculativeEngine:
     # Static caches and fixed-width (R-row) target passes; CUDA graphs of those steps.
     fixed_width: bool = False
     cuda_graphs: bool = False
+    # Batch the passes of concurrent conversations into one forward (variable width only;
+    # a fixed-width step runs alone); gather_s: how long a round waits for the active
+    # conversations' next passes after the last one woke them.
+    batched: bool = True
+    gather_s: float = 0.002
+    _scheduler: PassScheduler | None = field(default=None, init=False, repr=False, compare=False)
+    _scheduler_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    @property
+    def scheduler(self) -> PassScheduler:
+        """The engine thread (started at the first pass; stopped by close() or with the engine)."""
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                self._scheduler = PassScheduler(self.lock, self.gather_s, self.batched)
+                weakref.finalize(self, self._scheduler.close)
+            return self._scheduler
+
+    def close(self) -> None:
+        """Stop the engine thread (a later pass starts a new one)."""
+        with self._scheduler_lock:
+            sched, self._scheduler = self._scheduler, None
+        if sched is not None:
+            sched.close()
 
     @classmethod
     def load(
@@ -114,9 +145,11 @@ class SpeculativeEngine:
         calibrate: bool = True,
         fixed_width: bool | None = None,
         cuda_graphs: bool | None = None,
+        batched: bool = True,
+        gather_s: float = 0.002,
     ) -> "SpeculativeEngine":
         """fixed_width / cuda_graphs: None picks the device's default (both on for CUDA,
-        both off for CPU)."""
+        both off for CPU). batched / gather_s: see the fields."""
         if drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
         if isinstance(gamma, int) and gamma < 0:
@@ -135,7 +168,7 @@ class SpeculativeEngine:
                     one_gemm(m.model)
         engine = cls(
             target_m, draft_m, drafter, gamma, max_gamma, min(context_tokens, target_m.model.args.max_position),
-            fixed_width=fixed_width, cuda_graphs=cuda_graphs,
+            fixed_width=fixed_width, cuda_graphs=cuda_graphs, batched=batched, gather_s=gather_s,
         )
         if calibrate and gamma == "auto" and drafter != "none":
             engine.calibrate()
@@ -214,10 +247,13 @@ class SpeculativeEngine:
         seq = new_sequence(self.target.model, len(prompt) + 1)
         draft_cache = new_cache(self.draft.model, len(prompt) + 1) if self.draft is not None else None
         ids = torch.tensor(prompt, device=self.target.model.device)
-        with self.lock, torch.inference_mode():
+
+        def run() -> None:
             forward(self.target.model, seq.cache, ids, 0, all_logits=False)
             if draft_cache is not None:
                 forward(self.draft.model, draft_cache, ids, 0, all_logits=False)
+
+        self.scheduler.call(run)
         seq.tokens = list(prompt)
         self.prefixes.append((list(prompt), seq, draft_cache))
 
@@ -270,9 +306,10 @@ class SpeculativeEngine:
         stats = GenerationStats()
         conv.last_stats = stats
         detok = IncrementalDetokenizer(self.target.tokenizer, params.stop)
-        gen = Generation(params, self.target.eos_ids, self.context_tokens, cancel, self.lock)
+        scheduler = self.scheduler
+        gen = Generation(params, self.target.eos_ids, self.context_tokens, cancel, self.lock, scheduler)
         try:
-            with torch.inference_mode():
+            with scheduler.active(), torch.inference_mode():
                 yield from speculative_stream(
                     self.target.model, conv.seq, prompt, conv.drafters, conv.controller, detok, gen, stats
                 )

@@ -10,6 +10,15 @@ Estimates are learnt while generating: acceptance per drafter from counts of acc
 tokens and rejections (the maximum-likelihood estimate for a geometric run, with a
 prior and a slow decay so it follows the conversation), costs as moving averages of
 measured times, seeded by a calibration at load time.
+
+Under load (several conversations batched into one target pass, see llm/scheduler.py)
+a pass costs T(all rows of all conversations) plus every conversation's drafting, and
+yields every conversation's tokens. Each conversation is told what the others bring
+(`Load`: their rows, expected tokens and draft time) and picks the g that maximises the
+pass's aggregate tokens per second, (E(g) + others' tokens) / (g * c_draft + others'
+draft time + T(others' rows + g + 1)). g = 0 stays a candidate, so a conversation
+speculates only where the estimates say the whole batch goes faster for it than
+without; with no load this is the single-conversation rule above.
 """
 
 from __future__ import annotations
@@ -33,6 +42,15 @@ def expected_tokens(a: float, g: int) -> float:
     if a >= 1.0:
         return float(g + 1)
     return (1.0 - a ** (g + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the other conversations of a batched pass bring to it."""
+
+    rows: int = 0  # their target rows
+    tokens: float = 0.0  # tokens they expect from the pass
+    draft_s: float = 0.0  # the time their drafting adds to the pass
 
 
 @dataclass
@@ -69,6 +87,7 @@ class GammaController:
     sources: dict[str, SourceStats] = field(default_factory=dict)
     decay: float = 0.9  # acceptance follows the last dozen or so passes
     explore_every: int = 16
+    load: Load = field(default_factory=Load)  # the batch this conversation's next pass is in
 
     def stats(self, source: str) -> SourceStats:
         return self.sources.setdefault(source, SourceStats())
@@ -76,23 +95,28 @@ class GammaController:
     def best(self, source: str, available: int) -> tuple[int, float]:
         """(gamma, expected tokens per second) maximising throughput for drafts from `source`."""
         limit = max(0, min(self.max_gamma, available))
-        plain = 1.0 / self.verify.cost(1)
+        load = self.load
+        plain = (1.0 + load.tokens) / (load.draft_s + self.verify.cost(load.rows + 1))
         if self.fixed is not None:
             g = min(self.fixed, limit)
             return g, plain if g == 0 else float("inf")
-        s = self.stats(source)
-        a = min(s.acceptance, 0.999)
         best_g, best_rate = 0, plain
         for g in range(1, limit + 1):
-            rate = expected_tokens(a, g) / (g * s.cost_per_token + self.verify.cost(g + 1))
+            rate = self.rate(source, g)
             if rate > best_rate:
                 best_g, best_rate = g, rate
         return best_g, best_rate
 
     def rate(self, source: str, g: int) -> float:
-        """Expected tokens per second of a pass verifying g drafts from `source`."""
-        s = self.stats(source)
-        return expected_tokens(min(s.acceptance, 0.999), g) / (g * s.cost_per_token + self.verify.cost(g + 1))
+        """Expected tokens per second of a pass verifying g drafts from `source` (with the
+        other conversations of the pass, all of its tokens over all of its time)."""
+        s, load = self.stats(source), self.load
+        tokens = expected_tokens(min(s.acceptance, 0.999), g) + load.tokens
+        return tokens / (g * s.cost_per_token + load.draft_s + self.verify.cost(load.rows + g + 1))
+
+    def expected(self, source: str, g: int) -> float:
+        """Tokens a pass verifying g drafts from `source` is expected to yield."""
+        return expected_tokens(min(self.stats(source).acceptance, 0.999), g) if g > 0 else 1.0
 
     def choose(self, source: str, available: int) -> int:
         """Best number of drafts from `source`, given it can offer `available` of them."""

@@ -259,11 +259,11 @@ def attend_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     return out.view(kv_heads, t, group, d).permute(1, 0, 2, 3).reshape(t, heads * d)
 
 
-def run_blocks(model: Transformer, cache: KVCache, x: torch.Tensor, cos, sin, store, attend) -> torch.Tensor:
-    """The decoder layers over hidden states x (T, hidden), shared by both forwards.
+def run_blocks(model: Transformer, x: torch.Tensor, cos, sin, store, attend) -> torch.Tensor:
+    """The decoder layers over hidden states x (T, hidden), shared by every forward.
 
-    `store(keys, values, k, v)` writes this pass's K/V (kv_heads, T, d) into a layer's
-    cache; `attend(q, keys, values)` is the attention over that cache."""
+    `store(layer, k, v)` writes this pass's K/V (kv_heads, T, d) into the layer's cache(s);
+    `attend(layer, q)` is the attention of q (T, heads, d) over them, (T, heads * d)."""
     a = model.args
     t = x.shape[0]
     q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -274,9 +274,8 @@ def run_blocks(model: Transformer, cache: KVCache, x: torch.Tensor, cos, sin, st
         k = qkv[:, q_size : q_size + kv_size].view(t, a.num_kv_heads, a.head_dim)
         v = qkv[:, q_size + kv_size :].view(t, a.num_kv_heads, a.head_dim)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        keys, values = cache.keys[layer], cache.values[layer]
-        store(keys, values, k.transpose(0, 1), v.transpose(0, 1))
-        x = x + blk.o(attend(q, keys, values))
+        store(layer, k.transpose(0, 1), v.transpose(0, 1))
+        x = x + blk.o(attend(layer, q))
         h = rms_norm(x, blk.post_norm, a.rms_norm_eps)
         gate, up = blk.gate_up(h).chunk(2, dim=-1)
         x = x + blk.down(F.silu(gate) * up)
@@ -297,12 +296,12 @@ def forward_fixed(model: Transformer, cache: KVCache, tokens: torch.Tensor, star
     cos, sin = rope_tables(model, positions)
     scale = 1.0 / math.sqrt(a.head_dim)
 
-    def store(keys, values, k, v):
-        keys.index_copy_(1, positions, k)
-        values.index_copy_(1, positions, v)
+    def store(layer, k, v):
+        cache.keys[layer].index_copy_(1, positions, k)
+        cache.values[layer].index_copy_(1, positions, v)
 
-    x = run_blocks(model, cache, F.embedding(tokens, model.embed), cos, sin, store,
-                   lambda q, keys, values: attend_masked(q, keys, values, positions, scale))
+    x = run_blocks(model, F.embedding(tokens, model.embed), cos, sin, store,
+                   lambda layer, q: attend_masked(q, cache.keys[layer], cache.values[layer], positions, scale))
     x = rms_norm(x, model.final_norm, a.rms_norm_eps)
     return model.lm_head(x).to(torch.float32)
 
@@ -335,17 +334,78 @@ def forward(
     cos, sin = rope_tables(model, positions)
     scale = 1.0 / math.sqrt(a.head_dim)
 
-    def store(keys, values, k, v):
-        keys[:, start : start + t] = k
-        values[:, start : start + t] = v
+    def store(layer, k, v):
+        cache.keys[layer][:, start : start + t] = k
+        cache.values[layer][:, start : start + t] = v
 
-    x = run_blocks(model, cache, F.embedding(tokens, model.embed), cos, sin, store,
-                   lambda q, keys, values: attend_rowwise(q, keys, values, start, scale))
+    x = run_blocks(model, F.embedding(tokens, model.embed), cos, sin, store,
+                   lambda layer, q: attend_rowwise(q, cache.keys[layer], cache.values[layer], start, scale))
     cache.length = start + t
     if not all_logits:
         x = x[-1:]
     x = rms_norm(x, model.final_norm, a.rms_norm_eps)
     return model.lm_head(x).to(torch.float32)
+
+
+@dataclass
+class Segment:
+    """One sequence's rows in a pass over several sequences (`forward_many`): `tokens` (1-D)
+    at positions [start, start + T) of `cache`; all_logits=False keeps only the last row's."""
+
+    cache: KVCache
+    tokens: torch.Tensor
+    start: int
+    all_logits: bool = True
+
+
+def forward_many(model: Transformer, segments: list[Segment]) -> list[torch.Tensor]:
+    """One forward over the rows of several sequences (conversations), each with its own
+    cache and positions; float32 logits per segment, as `forward` gives each alone.
+
+    The linears (int8 or rowwise: each output row depends only on its own input row) run
+    once over all rows; RoPE tables are built per segment, exactly as a lone forward
+    builds them; attention runs per segment over its own cache, one query row at a time
+    (`attend_rowwise`). So every segment gets bitwise the logits of `forward` on its own.
+    For variable-width (eager) caches only; a fixed-width step runs alone."""
+    a = model.args
+    for seg in segments:
+        if seg.cache.steps is not None:
+            raise ValueError("forward_many runs eager caches; a fixed-width step runs alone")
+        seg.cache.ensure(seg.start + seg.tokens.shape[0], a.max_position)
+    bounds, offset = [], 0
+    for seg in segments:
+        bounds.append((offset, offset + seg.tokens.shape[0]))
+        offset += seg.tokens.shape[0]
+    tables = [rope_tables(model, torch.arange(s.start, s.start + s.tokens.shape[0], device=s.tokens.device)) for s in segments]
+    cos = torch.cat([c for c, _ in tables]) if len(tables) > 1 else tables[0][0]
+    sin = torch.cat([s for _, s in tables]) if len(tables) > 1 else tables[0][1]
+    scale = 1.0 / math.sqrt(a.head_dim)
+
+    def store(layer, k, v):
+        for seg, (lo, hi) in zip(segments, bounds):
+            seg.cache.keys[layer][:, seg.start : seg.start + hi - lo] = k[:, lo:hi]
+            seg.cache.values[layer][:, seg.start : seg.start + hi - lo] = v[:, lo:hi]
+
+    def attend(layer, q):
+        outs = [attend_rowwise(q[lo:hi], seg.cache.keys[layer], seg.cache.values[layer], seg.start, scale)
+                for seg, (lo, hi) in zip(segments, bounds)]
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+    tokens = torch.cat([s.tokens for s in segments]) if len(segments) > 1 else segments[0].tokens
+    x = run_blocks(model, F.embedding(tokens, model.embed), cos, sin, store, attend)
+    keep = []
+    for seg, (lo, hi) in zip(segments, bounds):
+        seg.cache.length = seg.start + hi - lo
+        keep.extend(range(lo, hi) if seg.all_logits else [hi - 1])
+    x = x[torch.tensor(keep, device=x.device)]
+    x = rms_norm(x, model.final_norm, a.rms_norm_eps)
+    logits = model.lm_head(x).to(torch.float32)
+    out, row = [], 0
+    for seg, (lo, hi) in zip(segments, bounds):
+        n = hi - lo if seg.all_logits else 1
+        out.append(logits[row : row + n])
+        row += n
+    return out
 
 
 def build_model(hf_config, state_dict: dict[str, torch.Tensor], mode: str, dtype: torch.dtype, device: str | torch.device) -> Transformer:

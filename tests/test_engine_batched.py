@@ -1,0 +1,280 @@
+"""Batched passes across calls (issue 14): one engine thread runs the rows of every active
+conversation as one target forward, and each call's tokens are exactly those it gets alone.
+
+Overlap is forced, not hoped for: the engines here wait (gather_s) until every active
+conversation has submitted its next pass, and the tests assert that passes really carried
+the rows of several conversations. Conversations join mid-stream (started from another
+conversation's stream) and one is cancelled mid-way.
+"""
+
+import threading
+
+import pytest
+import torch
+
+from llm.engine import SpeculativeEngine
+from llm.gamma import CostModel, GammaController, Load, expected_tokens
+from llm.model import Segment, forward, forward_many, new_cache
+from llm.types import SamplingParams
+
+PROMPTS = [
+    "A cleaning costs $89, a check-up $59. Dr. Patel has a slot on Tuesday at 10:30 a.m. A cleaning costs",
+    "Hello! How can I help you today? Café, naïve, jalapeño — 日本語. Hello! How can",
+    "Riverside Dental is open Monday to Friday from 8 a.m. to 6 p.m. and Saturday 9 to 1. Riverside",
+    "Your order #4521 shipped yesterday and arrives on Thursday.",
+]
+MAX_NEW = [30, 22, 26, 40]
+CANCEL_AT = 4  # conversation 3 is cancelled after this many groups
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def load(path, draft=None, drafter="none", gamma=0, dtype="int8", **kw):
+    eng = SpeculativeEngine.load(path, draft, drafter=drafter, gamma=gamma, dtype=dtype, calibrate=False, **kw)
+    return eng
+
+
+def params_for(i, sampled):
+    if sampled:
+        return SamplingParams(max_new_tokens=MAX_NEW[i], temperature=0.9, top_k=40, seed=100 + i)
+    return SamplingParams(max_new_tokens=MAX_NEW[i])
+
+
+def alone(eng, i, sampled, cancel_at=None):
+    """Conversation i on the engine with nothing else running: its groups' token ids."""
+    cancel = threading.Event()
+    ids = []
+    for n, g in enumerate(eng.stream(eng.encode(PROMPTS[i]), params_for(i, sampled), cancel=cancel), 1):
+        ids.extend(g.token_ids)
+        if cancel_at is not None and n == cancel_at:
+            cancel.set()
+    return ids
+
+
+def together(eng, sampled):
+    """Conversations 0 and 1 start together; 2 joins when 0 has streamed 3 groups, 3 joins
+    when 1 has streamed 2, and 3 is cancelled after CANCEL_AT groups. Returns each one's
+    token ids and finish reasons."""
+    out = {i: [] for i in range(4)}
+    reasons = {}
+    errors = []
+    threads: dict[int, threading.Thread] = {}
+    cancel3 = threading.Event()
+    start_both = threading.Barrier(2)
+
+    def start(i):
+        threads[i] = threading.Thread(target=convo, args=(i,), name=f"conv{i}")
+        threads[i].start()
+
+    def convo(i):
+        try:
+            if i in (0, 1):
+                start_both.wait(10)
+            cancel = cancel3 if i == 3 else None
+            for n, g in enumerate(eng.stream(eng.encode(PROMPTS[i]), params_for(i, sampled), cancel=cancel), 1):
+                out[i].extend(g.token_ids)
+                reasons[i] = g.finish_reason
+                if i == 0 and n == 3:
+                    start(2)
+                if i == 1 and n == 2:
+                    start(3)
+                if i == 3 and n == CANCEL_AT:
+                    cancel3.set()
+        except BaseException as e:  # noqa: BLE001
+            errors.append((i, e))
+
+    start(0)
+    start(1)
+    for i in range(4):
+        while i not in threads:  # 2 and 3 are started by 0 and 1
+            threads[0].join(0.05)
+        threads[i].join(60)
+    assert not errors, errors
+    return out, reasons
+
+
+CASES = [
+    # (model, dtype, drafter, gamma, draft)
+    ("target", "int8", "none", 0, None),
+    ("target", "int8", "ngram", 3, None),
+    ("target", "int8", "model", 2, "target"),  # a draft equal to the target: long accepted runs
+    ("target", "int8", "hybrid", "auto", "draft"),
+    ("llama", "int8", "ngram", 4, None),
+    ("target", "float32", "model", 3, "draft"),
+    ("llama", "float32", "ngram", 2, None),
+]
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:4])))
+def test_concurrent_conversations_equal_each_alone(tiny_models, case, sampled):
+    name, dtype, drafter, gamma, draft = case
+    if sampled and gamma == "auto":
+        pytest.skip("adaptive gamma changes how many random draws a pass takes: sampled runs compare at a fixed gamma")
+    eng = load(tiny_models[name], tiny_models[draft] if draft else None, drafter, gamma, dtype, gather_s=20.0)
+    solo = {i: alone(eng, i, sampled, CANCEL_AT if i == 3 else None) for i in range(4)}
+    before = eng.scheduler.batched_passes
+    got, reasons = together(eng, sampled)
+    for i in range(3):
+        assert got[i] == solo[i], f"conversation {i} differs from its run alone"
+        assert reasons[i] in ("length", "eos")
+    # The cancelled one: what it produced before the cancel is what it produces alone.
+    assert reasons[3] == "cancelled"
+    assert got[3] == solo[3][: len(got[3])] and len(got[3]) > 0
+    sched = eng.scheduler
+    assert sched.batched_passes - before >= 3, "the conversations never shared a target pass"
+    assert sched.max_conversations >= 3
+    eng.close()
+
+
+def test_every_pass_runs_on_the_engine_thread(tiny_models):
+    eng = load(tiny_models["target"], tiny_models["draft"], "hybrid", 3, gather_s=20.0)
+    seen = set()
+    hooks = [m.register_forward_pre_hook(lambda *_: seen.add(threading.current_thread().name))
+             for m in (eng.target.model.lm_head, eng.draft.model.lm_head)]
+    try:
+        together(eng, sampled=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert seen == {"specvoice-engine"}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+@pytest.mark.parametrize("name", ["target", "llama", "target2"])
+def test_forward_many_is_bitwise_each_forward_alone(tiny_models, name, dtype):
+    """The batched forward (a prefill, a verify, a decode, a verify far along) gives each
+    segment bitwise the logits and K/V of `forward` on its own."""
+    model = load(tiny_models[name], dtype=dtype).target.model
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(0, 23, False), (40, 5, True), (17, 1, True), (60, 9, True)]  # (start, rows, all_logits)
+    history = [torch.randint(0, model.args.vocab_size, (start,), generator=gen) for start, _, _ in shapes]
+    rows = [torch.randint(0, model.args.vocab_size, (t,), generator=gen) for _, t, _ in shapes]
+
+    def fresh(i):
+        cache = new_cache(model, 8)
+        if shapes[i][0]:
+            forward(model, cache, history[i], 0)
+        return cache
+
+    with torch.inference_mode():
+        solo = []
+        for i, (start, _, all_logits) in enumerate(shapes):
+            cache = fresh(i)
+            solo.append((forward(model, cache, rows[i], start, all_logits), cache))
+        caches = [fresh(i) for i in range(len(shapes))]
+        batched = forward_many(model, [Segment(caches[i], rows[i], s, a) for i, (s, _, a) in enumerate(shapes)])
+    for i, (start, t, _) in enumerate(shapes):
+        logits, cache = solo[i]
+        assert torch.equal(batched[i], logits), f"segment {i}: max diff {(batched[i] - logits).abs().max()}"
+        assert caches[i].length == cache.length == start + t
+        for layer in range(model.args.num_layers):
+            assert torch.equal(caches[i].keys[layer][:, : start + t], cache.keys[layer][:, : start + t])
+            assert torch.equal(caches[i].values[layer][:, : start + t], cache.values[layer][:, : start + t])
+
+
+def test_a_failing_conversation_does_not_disturb_the_others(tiny_models):
+    """A drafter that raises in one conversation: that call gets the error, the pass of
+    the others still runs and their tokens are unchanged."""
+    eng = load(tiny_models["target"], None, "ngram", 3, gather_s=20.0)
+    solo = alone(eng, 0, False)
+
+    class Broken:
+        name = "ngram"
+
+        def propose(self, context, k, params):
+            raise RuntimeError("drafter broke")
+
+        def accepted(self, n):
+            pass
+
+    bad = eng.new_conversation()
+    bad.drafters = [Broken()]
+    both = threading.Barrier(2)
+    result = {}
+
+    def good():
+        both.wait(10)
+        result["good"] = [t for g in eng.stream(eng.encode(PROMPTS[0]), params_for(0, False)) for t in g.token_ids]
+
+    def broken():
+        both.wait(10)
+        try:
+            list(eng.stream(eng.encode(PROMPTS[2]), params_for(2, False), bad))
+        except RuntimeError as e:
+            result["error"] = str(e)
+
+    threads = [threading.Thread(target=good), threading.Thread(target=broken)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert result["error"] == "drafter broke"
+    assert result["good"] == solo
+
+
+def test_fixed_width_conversations_run_alone_and_stay_exact(tiny_models):
+    """The fixed-width path (CUDA's, here eager on CPU) is not batched across calls: each
+    conversation's step runs alone on the engine thread, and stays exact."""
+    eng = load(tiny_models["target"], None, "ngram", 3, "float32", fixed_width=True, gather_s=20.0)
+    solo = {i: alone(eng, i, False, CANCEL_AT if i == 3 else None) for i in range(4)}
+    got, reasons = together(eng, sampled=False)
+    for i in range(3):
+        assert got[i] == solo[i]
+    assert got[3] == solo[3][: len(got[3])] and reasons[3] == "cancelled"
+    assert eng.scheduler.batched_passes == 0 and eng.scheduler.rounds > eng.scheduler.passes / 2
+
+
+def test_unbatched_engine_thread_is_exact_too(tiny_models):
+    eng = load(tiny_models["target"], None, "ngram", 2, batched=False, gather_s=20.0)
+    solo = {i: alone(eng, i, False, CANCEL_AT if i == 3 else None) for i in range(4)}
+    got, _ = together(eng, sampled=False)
+    assert all(got[i] == solo[i] for i in range(3))
+    assert eng.scheduler.batched_passes == 0
+
+
+# ---- gamma under load ----------------------------------------------------------------------
+
+
+def controller(step=0.1, per_row=0.01):
+    c = GammaController(max_gamma=8, verify=CostModel(step_s=step, per_extra_row_s=per_row))
+    s = c.stats("ngram3")
+    s.accepted, s.rejected, s.cost_per_token = 1.0, 1.0, 0.0  # acceptance 0.5, free drafts
+    return c
+
+
+def aggregate(c, g, load):
+    """Tokens per second of the whole pass if this conversation verifies g drafts."""
+    a = c.stats("ngram3").acceptance
+    e = expected_tokens(a, g) if g else 1.0
+    return (e + load.tokens) / (load.draft_s + c.verify.cost(load.rows + g + 1))
+
+
+def test_no_load_is_the_single_conversation_rule():
+    c = controller()
+    alone_rates = {g: expected_tokens(0.5, g) / c.verify.cost(g + 1) for g in range(1, 9)}
+    alone_rates[0] = 1 / c.verify.cost(1)
+    assert c.choose("ngram3", 8) == max(alone_rates, key=alone_rates.get) > 0
+
+
+def test_a_heavy_batch_turns_speculation_off():
+    """Rows cost 10% of a step each: alone, drafts pay; beside 30 other rows bringing
+    about one token each, every extra row slows 31 conversations and speculation stops."""
+    c = controller()
+    assert c.choose("ngram3", 8) > 0
+    c.load = Load(rows=30, tokens=30.0)
+    assert c.choose("ngram3", 8) == 0
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 8, 20, 60])
+@pytest.mark.parametrize("per_row", [0.0005, 0.003, 0.01, 0.05])
+def test_chosen_gamma_never_slows_the_batch_below_gamma0(rows, per_row):
+    c = controller(per_row=per_row)
+    load = Load(rows=rows, tokens=float(rows), draft_s=0.0)
+    c.load = load
+    g = c.choose("ngram3", 8)
+    assert aggregate(c, g, load) >= aggregate(c, 0, load)
+    assert aggregate(c, g, load) == pytest.approx(max(aggregate(c, k, load) for k in range(9)))
