@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HELP = "answer quality: % correct and % with a false claim on a fact-checked question set, per prompt variant"
+HELP = "answer quality: how many answers are correct and how many state a false claim, per prompt variant"
 DESCRIPTION = """\
 Puts every question of demo/data/quality.json (64 questions over the four demo
 businesses: single questions, 2-3 turn follow-ups, questions the facts do not answer,

@@ -257,8 +257,6 @@ def test_failure_hints_work(tmp_path, monkeypatch, capsys):
         check_command(hint, capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="voice/tts.py (another owner) guesses the pull name from the folder "
-                                       "name: a hand-given voice folder gets a pull of a name not in the catalog")
 def test_piper_voice_given_by_hand_gets_a_hint_that_works(tmp_path, monkeypatch, capsys):
     from voice.tts import PiperTTS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -138,39 +138,61 @@ async def test_synthesize_async_propagates_engine_errors():
 
 
 async def test_synthesize_async_does_not_block_the_loop():
+    """A blocking engine that only goes on once the event loop has run something else
+    meanwhile: were it run on the loop (or the loop waited for it), it would wait in vain."""
+    ticked = threading.Event()
+    waits: list[bool] = []
+
     class Slow:
         sample_rate = 16000
 
         def synthesize(self, text):
             for _ in range(3):
-                time.sleep(0.1)  # a blocking engine
+                ticked.clear()
+                waits.append(ticked.wait(10))  # blocks until the loop ticked
+                if not waits[-1]:
+                    return
                 yield AudioChunk(np.zeros(160, np.float32), 16000)
 
-    ticks = 0
-
     async def ticker():
-        nonlocal ticks
         while True:
             await asyncio.sleep(0.01)
-            ticks += 1
+            ticked.set()
 
     task = asyncio.create_task(ticker())
     n = 0
-    async for _ in synthesize_async(Slow(), "x"):
-        n += 1
-    task.cancel()
-    assert n == 3 and ticks >= 10
+    try:
+        async for _ in synthesize_async(Slow(), "x"):
+            n += 1
+    finally:
+        task.cancel()
+    assert waits == [True] * 3 and n == 3
 
 
 # ---------------------------------------------------------------- bad models and engines
 
 
+def _pulled_folder(folder):
+    """A folder as the model store leaves it: its manifest names the catalog model."""
+    import json
+
+    from voice.errors import STORE_MANIFEST
+
+    folder.mkdir(parents=True)
+    (folder / STORE_MANIFEST).write_text(json.dumps({"name": "piper-joe-medium", "files": {}}))
+    return folder
+
+
 def test_missing_piper_voice_names_it_and_the_fix(tmp_path):
-    missing = tmp_path / "piper-joe-medium" / "en_US-joe-medium.onnx"
+    missing = _pulled_folder(tmp_path / "piper-joe-medium") / "en_US-joe-medium.onnx"
     with pytest.raises(ModelFileMissingError) as info:
         PiperTTS(missing)
     assert str(missing) in str(info.value)
     assert "specvoice models pull piper-joe-medium" in str(info.value)
+    # A voice given by hand gets no pull of a name the catalog does not have.
+    with pytest.raises(ModelFileMissingError) as info:
+        PiperTTS(tmp_path / "my-voices" / "me.onnx")
+    assert "models pull me" not in str(info.value) and "Piper voice (.onnx" in str(info.value)
 
 
 def test_missing_piper_config_names_it(tmp_path):
@@ -183,8 +205,7 @@ def test_missing_piper_config_names_it(tmp_path):
 
 def test_corrupted_piper_voice_names_it_and_the_fix(tmp_path):
     src = require_model("piper-joe-medium")
-    folder = tmp_path / "piper-joe-medium"
-    folder.mkdir()
+    folder = _pulled_folder(tmp_path / "piper-joe-medium")
     shutil.copy(src / "en_US-joe-medium.onnx.json", folder / "en_US-joe-medium.onnx.json")
     with open(src / "en_US-joe-medium.onnx", "rb") as f:
         (folder / "en_US-joe-medium.onnx").write_bytes(f.read(1 << 16))  # truncated

@@ -15,17 +15,28 @@ def _pull_command(name: str) -> str:
     return f"run `specvoice models pull {name}`"
 
 
-def pull_hint_for(folder: str | Path) -> str:
-    """The fix for a missing or broken model file.
+STORE_MANIFEST = "specvoice-model.json"  # written by the model store (pipeline/models.py) into each pulled folder
 
-    The model store keeps each model in `<home>/models/<catalog name>/`, so the folder
-    name is the catalog name in the usual case; voice/ only knows paths, so this is a
-    best-effort guess that is still correct advice when the guess is wrong.
+
+def pull_hint_for(folder: str | Path, expected: str = "a model folder") -> str:
+    """A fix that works for a missing or broken model in `folder`.
+
+    A folder the model store pulled carries its manifest, which names the catalog model;
+    the store skips a model whose manifest exists, so the fix is to delete the folder and
+    pull again. A catalog model that was never pulled is refused before it gets here
+    (pipeline.models.resolve_model names the pull), so any other folder was given by hand
+    and no pull can make it: say what is expected instead (`expected`).
     """
-    # Takes the model's FOLDER (not a file in it): catalog names contain dots
-    # ("whisper-tiny.en"), so a file/folder guess from the suffix would go wrong.
-    name = Path(folder).name
-    return _pull_command(name) if name else PULL_HINT
+    import json
+
+    folder = Path(folder)
+    try:
+        name = json.loads((folder / STORE_MANIFEST).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if isinstance(name, str) and name:
+        return f"delete {folder} and {_pull_command(name)}"
+    return f"give a catalog model name (`specvoice models list` shows them) or {expected}"
 
 
 class AudioFormatError(ValueError):

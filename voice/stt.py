@@ -32,10 +32,9 @@ from typing import Iterable, Literal, get_args
 import numpy as np
 
 from voice.audio import STT_RATE, rms_dbfs
-from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError
+from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError, pull_hint_for
 
 REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
-STORE_MANIFEST = "specvoice-model.json"  # written by the model store (pipeline/models.py) into each pulled folder
 
 # How a vocabulary reaches Whisper: not at all, as the initial prompt, as hotwords, or both.
 VocabularyMode = Literal["none", "initial_prompt", "hotwords", "both"]
@@ -121,24 +120,7 @@ class Transcript:
 
 
 def _fix_hint(folder: Path) -> str:
-    """A fix that works for this folder.
-
-    A folder the model store pulled carries its manifest, which names the catalog model;
-    the store skips a model whose manifest exists, so the fix is to delete the folder and
-    pull again. A catalog model that was never pulled is refused before it gets here
-    (pipeline.models.resolve_model names the pull), so any other folder was given by
-    hand, and no pull can make it: say what is expected instead.
-    """
-    import json
-
-    try:
-        name = json.loads((folder / STORE_MANIFEST).read_text()).get("name")
-    except (OSError, ValueError, AttributeError):
-        name = None
-    if isinstance(name, str) and name:
-        return f"delete {folder} and run `specvoice models pull {name}`"
-    return (f"give a catalog model name (`specvoice models list` shows them) or a folder holding a "
-            f"CTranslate2 Whisper model ({', '.join(REQUIRED_FILES)})")
+    return pull_hint_for(folder, f"a folder holding a CTranslate2 Whisper model ({', '.join(REQUIRED_FILES)})")
 
 
 def check_whisper_dir(model_path: str | Path) -> Path:

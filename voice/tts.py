@@ -30,6 +30,8 @@ from threadrelay import relay
 from voice.errors import EngineNotInstalledError, ModelFileMissingError, ModelLoadError, pull_hint_for
 from voice.normalize import normalize_for_speech
 
+_PIPER_EXPECTED = "a Piper voice (.onnx with its .onnx.json beside it)"
+
 
 @dataclass(frozen=True)
 class AudioChunk:
@@ -70,14 +72,14 @@ def check_piper_files(onnx_path: str | Path, config_path: str | Path | None = No
     if onnx.is_dir():  # a voice folder: take the one .onnx in it
         found = sorted(onnx.glob("*.onnx"))
         if not found:
-            raise ModelFileMissingError(f"no .onnx Piper voice in {onnx}: {pull_hint_for(onnx)}", onnx)
+            raise ModelFileMissingError(f"no .onnx Piper voice in {onnx}: {pull_hint_for(onnx, _PIPER_EXPECTED)}", onnx)
         onnx = found[0]
     if not onnx.is_file() or onnx.stat().st_size == 0:
-        raise ModelFileMissingError(f"Piper voice file {onnx} is missing or empty: {pull_hint_for(onnx.parent)}", onnx)
+        raise ModelFileMissingError(f"Piper voice file {onnx} is missing or empty: {pull_hint_for(onnx.parent, _PIPER_EXPECTED)}", onnx)
     config = Path(config_path).expanduser() if config_path else Path(str(onnx) + ".json")
     if not config.is_file():
         raise ModelFileMissingError(
-            f"Piper voice config {config} is missing (it sits next to the .onnx): {pull_hint_for(onnx.parent)}", config)
+            f"Piper voice config {config} is missing (it sits next to the .onnx): {pull_hint_for(onnx.parent, _PIPER_EXPECTED)}", config)
     return onnx, config
 
 
@@ -98,7 +100,7 @@ class PiperTTS:
             self.voice = PiperVoice.load(self.onnx_path, config_path=self.config_path)
         except Exception as exc:  # onnxruntime InvalidProtobuf, JSON errors, ...
             raise ModelLoadError(f"cannot load Piper voice {self.onnx_path} ({type(exc).__name__}: {exc}); "
-                                 f"the file may be corrupted: {pull_hint_for(self.onnx_path.parent)}", self.onnx_path) from exc
+                                 f"the file may be corrupted: {pull_hint_for(self.onnx_path.parent, _PIPER_EXPECTED)}", self.onnx_path) from exc
         if threads:
             import onnxruntime as ort
 
