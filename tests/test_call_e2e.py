@@ -71,8 +71,11 @@ async def test_call_through_bridge_audio_marks_clear_and_report(models, tmp_path
         {"text": "How much does a cleaning cost?"},
     ], models.tts)
     server_turns = []
+    # The caller takes a reply as finished after `silence_s` without agent audio. A slow
+    # machine pauses between sentences while it computes the next one: a caller waiting only
+    # the default 1.2 s would talk over such a pause (a second barge-in). 5 s is generous.
     result, call = await call_in_process(cfg, lines, models=models, report_dir=tmp_path / "reports",
-                                         greeting="Riverside Dental, hello.",
+                                         greeting="Riverside Dental, hello.", silence_s=5.0,
                                          on_server_turn=lambda cid, entry: server_turns.append(entry))
     assert call is not None and call.report_path is not None
     data = load_report(call.report_path)
@@ -117,10 +120,12 @@ async def test_call_through_bridge_audio_marks_clear_and_report(models, tmp_path
     assert len(turn0["agent_text_heard"]) < len(turn0["agent_text"])
     assert call.history.exchanges[1][1] == turn0["agent_text_heard"]  # [0] is the greeting
 
-    # Caller-side voice-to-voice is measured and plausible against the server's.
+    # Caller-side voice-to-voice is measured and plausible against the server's: the same
+    # span seen from the other end of the socket, so close to it however long it took (how
+    # long is for `specvoice bench`, not a test).
     for ct, st in zip(result.turns[1:], data["turns"][1:]):
-        assert ct.voice_to_voice is not None and 0 < ct.voice_to_voice < 15
-        assert ct.voice_to_voice > st["metrics"]["voice_to_voice"] - 0.3
+        assert ct.voice_to_voice is not None and ct.voice_to_voice > 0
+        assert st["metrics"]["voice_to_voice"] - 0.3 < ct.voice_to_voice < st["metrics"]["voice_to_voice"] + 2.0
 
     wav = result.write_wav(tmp_path / "call.wav")
     from voice.wav import read_wav
