@@ -286,7 +286,10 @@ async def open_page(port: int, path: Path):
             await cdp.call(f"{domain}.enable")
         await cdp.call("Page.navigate", url=path.resolve().as_uri())
         await cdp.wait_event("Page.loadEventFired")
-        await asyncio.sleep(0.2)  # let anything that would run (it must not) run
+        # Let anything that would run (it must not) run: inline scripts and onload/onerror
+        # handlers have run by the load event; a task queued after it runs after anything
+        # they queued, and its answer comes after any event they reported.
+        await cdp.call("Runtime.evaluate", expression="new Promise(r => setTimeout(r, 0))", awaitPromise=True)
         yield cdp
 
 
