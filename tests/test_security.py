@@ -151,7 +151,9 @@ async def test_secrets_never_logged_or_written_during_a_call_at_debug(tmp_path, 
     protocol error in it: neither token, nor a valid signature, appears in any log record,
     the report or the exception texts."""
     caplog.set_level(logging.DEBUG)
-    logging.getLogger("websockets").setLevel(logging.DEBUG)
+    # Through caplog, so it is restored afterwards: a websockets logger left at DEBUG makes
+    # every later test log each frame (the flood test: 20000 of them).
+    caplog.set_level(logging.DEBUG, logger="websockets")
     cfg = rel_config(tmp_path)
     models = FakeModels(backend=lambda: ScriptedBackend(["Fine. ", "x"], fail_after=1),
                         stt=ScriptedSTT(f"my password is {BEARER[:6]}"))
