@@ -14,12 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llm.types import LLMBackend, SamplingParams
 from pipeline.config import Config
 from pipeline.ports import SpeechToText, TextToSpeech
+from pipeline.stages.turn_taking import EndOfTurnModel, TurnTaker
+from voice.turn_detector import TurnPolicy
 from voice.endpointer import EndpointConfig, Endpointer
 
 if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
@@ -31,13 +34,14 @@ log = logging.getLogger(__name__)
 __all__ = ["AgentModels", "endpoint_config", "sampling_params", "chars_token_count"]
 
 
-def endpoint_config(config: Config) -> EndpointConfig:
-    """The config's [vad] section in the endpointer's terms."""
+def endpoint_config(config: Config, end_of_turn_model: bool = False) -> EndpointConfig:
+    """The config's [vad] section in the endpointer's terms. With an end-of-turn model the
+    endpointer declares *pauses* (turn.pause_ms); the turn-taker decides turns."""
     v = config.vad
     return EndpointConfig(
         threshold=v.threshold,
         min_speech_ms=float(v.start_ms),
-        min_silence_ms=float(v.end_silence_ms),
+        min_silence_ms=float(config.turn.pause_ms if end_of_turn_model else v.end_silence_ms),
         pre_roll_ms=float(v.preroll_ms),
         max_utterance_s=v.max_utterance_s,
     )
@@ -79,6 +83,7 @@ class AgentModels:
     tts: TextToSpeech
     vad_model: SileroModel
     engine: SpeculativeEngine | None = None  # None for the OpenAI backend
+    end_of_turn: EndOfTurnModel | None = None  # Smart Turn (turn.mode = "smart_turn"), else None
     load_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -123,7 +128,8 @@ class AgentModels:
             tts = load_tts(config.tts.engine, resolve_model(config.tts.voice))
         times["tts"] = time.perf_counter() - t
         vad = SileroModel()
-        models = cls(config, stt, tts, vad, engine, times)
+        end_of_turn = load_end_of_turn(config)
+        models = cls(config, stt, tts, vad, engine, end_of_turn, times)
         if warm:
             models.warm()
         return models
@@ -155,7 +161,36 @@ class AgentModels:
         return chars_token_count(messages)
 
     def new_endpointer(self) -> Endpointer:
-        return Endpointer(self.vad_model.stream(), endpoint_config(self.config))
+        return Endpointer(self.vad_model.stream(), endpoint_config(self.config, self.end_of_turn is not None))
+
+    def new_turn_taker(self, executor: Executor | None = None) -> TurnTaker:
+        return turn_taker(self.config, self.end_of_turn, executor)
+
+
+def load_end_of_turn(config: Config) -> EndOfTurnModel | None:
+    """The end-of-turn model the config asks for (None in silence mode). Missing: a clear
+    error naming the pull command, or with turn.fallback_to_silence a warning and None."""
+    if config.turn.mode != "smart_turn":
+        return None
+    from pipeline.models import ModelNotFoundError, resolve_model
+    from voice.errors import ModelLoadError
+    from voice.turn_detector import TurnDetector
+
+    try:
+        return TurnDetector.load(resolve_model(config.turn.model), threshold=config.turn.threshold)
+    except (ModelNotFoundError, ModelLoadError, FileNotFoundError) as exc:
+        if not config.turn.fallback_to_silence:
+            raise
+        log.warning("end-of-turn model unavailable (%s): falling back to silence endpointing "
+                    "(vad.end_silence_ms = %d)", exc, config.vad.end_silence_ms)
+        return None
+
+
+def turn_taker(config: Config, model: EndOfTurnModel | None, executor: Executor | None = None) -> TurnTaker:
+    t = config.turn
+    policy = TurnPolicy(check_silence_s=t.pause_ms / 1000, threshold=t.threshold,
+                        max_silence_s=t.max_silence_ms / 1000)
+    return TurnTaker(model, policy, max_turn_s=t.max_turn_s, executor=executor)
 
     def describe(self) -> dict[str, Any]:
         return {"load_s": {k: round(v, 2) for k, v in self.load_s.items()}}

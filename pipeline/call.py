@@ -51,9 +51,10 @@ from pipeline.sentences import SentenceSplitter
 from pipeline.stages.listen import listen
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
+from pipeline.stages.turn_taking import TurnEnd, TurnTaker
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import History, LLMResult, Turn
-from voice.endpointer import Endpointer, SpeechEnded, SpeechStarted
+from voice.endpointer import Endpointer, SpeechStarted
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class ModelSet(Protocol):
 
     def count_tokens(self, messages: list[dict]) -> int: ...
 
+    def new_turn_taker(self, executor: Executor | None = None) -> TurnTaker: ...
+
 
 def _chars_token_count(messages: list[dict]) -> int:
     from pipeline.agent import chars_token_count
@@ -106,6 +109,7 @@ class Call:
         tts: TextToSpeech,
         backend: LLMBackend,
         endpointer: Endpointer,
+        turns: TurnTaker | None = None,
         count_tokens: Callable[[list[dict]], int] = _chars_token_count,
         call_id: str | None = None,
         mqtt: MqttPublisher | None | Literal["config"] = "config",
@@ -115,7 +119,7 @@ class Call:
         on_event: Callable[[str, dict], None] | None = None,
         executor: Executor | None = None,
     ):
-        from pipeline.agent import sampling_params
+        from pipeline.agent import sampling_params, turn_taker
 
         self.config = config
         self.source, self.sink = source, sink
@@ -129,6 +133,8 @@ class Call:
         self.on_turn = on_turn
         self.on_event = on_event
         self.executor = executor or voice_executor()
+        # Silence endpointing unless a turn-taker with an end-of-turn model is given.
+        self.turn_taker = turns if turns is not None else turn_taker(config, None, self.executor)
 
         self.report: CallReport | None = None
         self.report_path: Path | None = None
@@ -137,7 +143,7 @@ class Call:
         self.barge_ins = 0
         self.errors: list[str] = []
         self.llm_calls = 0
-        self._utterances: asyncio.Queue[SpeechEnded | None] = asyncio.Queue()
+        self._utterances: asyncio.Queue[TurnEnd | None] = asyncio.Queue()
         self._responding: Turn | None = None  # the turn the agent is answering in (barge-in target)
         self._turn_task: asyncio.Task | None = None
         self._turn_done = asyncio.Event()
@@ -155,6 +161,8 @@ class Call:
             ports["backend"] = models.new_backend(config)
         if "endpointer" not in overrides:
             ports["endpointer"] = models.new_endpointer()
+        if "turns" not in overrides:
+            ports["turns"] = models.new_turn_taker(overrides.get("executor"))
         text = config.agent.greeting if greeting is True else (greeting or "")
         return cls(config, source, sink, greeting=text, **{**ports, **overrides})
 
@@ -163,7 +171,8 @@ class Call:
     @property
     def idle(self) -> bool:
         """No turn running or waiting, and the caller is not mid-utterance."""
-        return self._turn_task is None and self._utterances.empty() and not self.endpointer.in_speech
+        return (self._turn_task is None and self._utterances.empty() and not self.endpointer.in_speech
+                and not self.turn_taker.pending)
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
@@ -244,7 +253,7 @@ class Call:
     # ------------------------------------------------------------ input: utterances and barge-in
 
     async def _input(self) -> None:
-        async for event in listen(self.source, self.endpointer):
+        async for event in listen(self.source, self.endpointer, self.turn_taker):
             if isinstance(event, SpeechStarted):
                 self._emit("speech_started", t=event.declared_t)
                 turn = self._responding
@@ -252,7 +261,8 @@ class Call:
                     turn.barge_in.fire(event.declared_t)
                     self.barge_ins += 1
                     self._emit("barge_in", turn=turn.index, heard=turn.heard_text)
-            elif isinstance(event, SpeechEnded):
+            elif isinstance(event, TurnEnd):
+                self._emit("end_of_turn", reason=event.reason, probability=event.probability)
                 self._utterances.put_nowait(event)
 
     # ------------------------------------------------------------ the turn runner
@@ -291,12 +301,13 @@ class Call:
         if turn.heard:
             self.history.add_agent(turn.heard_text)
 
-    async def _turn(self, utterance: SpeechEnded) -> None:
+    async def _turn(self, end: TurnEnd) -> None:
+        utterance = end.utterance
         tl = TurnTimeline(index=len(self.turns))
         tl.mark("speech_start", utterance.start_t)
         tl.mark("last_voiced", utterance.last_voiced_t)
         tl.mark("end_of_speech", utterance.declared_t)
-        turn = Turn(index=len(self.turns), timeline=tl)
+        turn = Turn(index=len(self.turns), timeline=tl, end_of_turn=end)
         loop = asyncio.get_running_loop()
         try:
             text = await loop.run_in_executor(self.executor, self.stt.transcribe, utterance.audio)
@@ -360,6 +371,9 @@ class Call:
             turn.timeline, turn.user_text, turn.agent_text, turn.heard_text, turn.interrupted, llm=turn.stats,
         )
         entry["finish_reason"] = turn.finish_reason
+        if turn.end_of_turn is not None:
+            e = turn.end_of_turn
+            entry["end_of_turn"] = {"reason": e.reason, "probability": e.probability, "pauses": e.pauses}
         if turn.error:
             entry["error"] = turn.error
             self.errors.append(f"turn {turn.index}: {turn.error}")

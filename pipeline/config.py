@@ -112,6 +112,28 @@ class VADConfig(Section):
     max_utterance_s: float = Field(default=20.0, gt=0.0)
 
 
+class TurnConfig(Section):
+    """When the caller's turn is over. "silence": after vad.end_silence_ms of silence.
+    "smart_turn": a short pause (pause_ms) asks the Smart Turn v3.2 end-of-turn model;
+    "complete" ends the turn, "incomplete" waits, up to max_silence_ms of silence."""
+
+    mode: Literal["silence", "smart_turn"] = "silence"
+    model: str = "smart-turn-v3.2"  # catalog name or a path to the ONNX file / folder
+    pause_ms: int = Field(default=200, ge=30)
+    threshold: float = Field(default=0.5, ge=0.0, lt=1.0)
+    max_silence_ms: int = Field(default=1500, ge=100)
+    max_turn_s: float = Field(default=30.0, gt=0.0)  # a caller who never stops: the turn ends here
+    # The model is missing at start: False -> a clear error naming the pull command;
+    # True -> a warning, and silence endpointing.
+    fallback_to_silence: bool = False
+
+    @model_validator(mode="after")
+    def _pause_shorter_than_max(self) -> "TurnConfig":
+        if self.pause_ms >= self.max_silence_ms:
+            raise ValueError("turn.pause_ms must be shorter than turn.max_silence_ms")
+        return self
+
+
 class PipelineConfig(Section):
     first_clause: bool = False
     first_clause_min_words: int = Field(default=6, ge=2)
@@ -158,6 +180,7 @@ class Config(Section):
     stt: STTConfig = Field(default_factory=STTConfig)
     tts: TTSConfig = Field(default_factory=TTSConfig)
     vad: VADConfig = Field(default_factory=VADConfig)
+    turn: TurnConfig = Field(default_factory=TurnConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     bridge: BridgeConfig = Field(default_factory=BridgeConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llm.types import GenerationStats
+from pipeline.stages.turn_taking import TurnEnd
 from pipeline.timeline import TurnTimeline
 
 __all__ = ["BargeIn", "History", "LLMResult", "SpeechResult", "Turn"]
@@ -67,6 +68,7 @@ class Turn:
     llm: LLMResult = field(default_factory=LLMResult)
     speech: SpeechResult = field(default_factory=SpeechResult)
     barge_in: BargeIn = field(default_factory=BargeIn)
+    end_of_turn: TurnEnd | None = None  # how the caller's turn ended (reason, probability)
     error: str | None = None
 
     @property

@@ -175,6 +175,11 @@ class FakeModels:
         return Endpointer(EnergyVAD(), EndpointConfig(min_speech_ms=64, min_silence_ms=200, pre_roll_ms=64,
                                                       post_roll_ms=32))
 
+    def new_turn_taker(self, executor=None):
+        from pipeline.agent import turn_taker
+
+        return turn_taker(load_config("test"), None, executor)
+
     @staticmethod
     def count_tokens(messages: list[dict]) -> int:
         return sum(len(m.get("content", "")) // 4 + 4 for m in messages)

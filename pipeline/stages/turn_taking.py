@@ -1,0 +1,114 @@
+"""Turn-taking stage: when a pause in the caller's speech ends their turn.
+
+Silence mode (no end-of-turn model): every end of speech the endpointer declares ends the
+turn, as it always did. With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
+the endpointer runs with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a
+*pause*. The pause's audio joins the pending turn, the model is asked once on the turn's
+audio so far, and voice.turn_detector.TurnPolicy decides:
+
+- P(complete) > threshold: the turn ends now;
+- otherwise it waits: the caller speaks on (the next pause asks again), or the silence
+  reaches `turn.max_silence_ms` and the turn ends anyway ("timeout");
+- an utterance cut at the endpointer's maximum length, or the end of the stream, ends the
+  turn at once; so does a pending turn longer than the maximum turn length.
+
+A caller who pauses mid-sentence ("I would like to book a cleaning for ... next Tuesday")
+stays in one turn instead of being answered twice. Each turn carries how it ended (reason,
+probability) for the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from voice.endpointer import SpeechEnded, SpeechStarted
+from voice.turn_detector import TurnPolicy
+
+__all__ = ["EndOfTurnModel", "TurnEnd", "TurnTaker"]
+
+
+class EndOfTurnModel(Protocol):
+    def probability(self, audio_16k: np.ndarray) -> float: ...
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """A finished caller turn: the whole utterance and how its end was decided."""
+
+    utterance: SpeechEnded
+    reason: str  # "silence" (no model) | "model" | "timeout" | "max_length" | "flush"
+    probability: float | None = None  # the end-of-turn model's last answer, if asked
+    pauses: int = 1  # pauses merged into this turn
+
+
+class TurnTaker:
+    """Endpointer events in, caller turns out (see the module docstring)."""
+
+    def __init__(self, model: EndOfTurnModel | None, policy: TurnPolicy, *, max_turn_s: float = 30.0,
+                 executor: Executor | None = None, clock: Callable[[], float] = time.monotonic):
+        self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
+        self.executor, self.clock = executor, clock
+        self._pending: list[SpeechEnded] = []
+        self._probability: float | None = None
+        self._speaking = False  # the caller is speaking again after a pause
+        self.decisions: list[tuple[str, float | None]] = []  # every model answer: (decision, P)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    async def on_event(self, event: SpeechStarted | SpeechEnded) -> list[SpeechStarted | TurnEnd]:
+        if isinstance(event, SpeechStarted):
+            self._speaking = True
+            self._probability = None  # the caller went on: the next pause asks anew
+            return [event]
+        self._speaking = False
+        if self.model is None:
+            return [TurnEnd(event, event.reason)]  # "silence", or "max_length" / "flush"
+        self._pending.append(event)
+        if event.reason in ("max_length", "flush") or self._duration() >= self.max_turn_s:
+            return [self._end(event.declared_t, "max_length" if event.reason != "flush" else "flush")]
+        loop = asyncio.get_running_loop()
+        audio = np.concatenate([e.audio for e in self._pending])
+        self._probability = await loop.run_in_executor(self.executor, self.model.probability, audio)
+        # The decision is made now, after the model answered (on a real-time source the
+        # frame clock is the monotonic clock; a faster-than-real-time one runs ahead of it).
+        now = max(event.declared_t, self.clock())
+        decision = self.policy.decide(now - event.last_voiced_t, self._probability)
+        self.decisions.append((decision.action, self._probability))
+        if decision.action == "end":
+            return [self._end(now, decision.reason)]
+        return []
+
+    def on_time(self, now: float) -> TurnEnd | None:
+        """A frame's end time: a waiting turn whose silence ran out ends here."""
+        if not self._pending or self._speaking:
+            return None
+        silence = now - self._pending[-1].last_voiced_t
+        if self.policy.decide(silence, self._probability).action == "end":
+            return self._end(now, "timeout")
+        return None
+
+    def flush(self) -> TurnEnd | None:
+        """The stream ended (not a hang-up): a waiting turn is answered."""
+        if not self._pending:
+            return None
+        return self._end(self._pending[-1].declared_t, "flush")
+
+    def _duration(self) -> float:
+        return sum(e.duration for e in self._pending)
+
+    def _end(self, declared_t: float, reason: str) -> TurnEnd:
+        pieces, self._pending = self._pending, []
+        first, last = pieces[0], pieces[-1]
+        merged = SpeechEnded(np.concatenate([p.audio for p in pieces]), first.start_t, last.last_voiced_t,
+                             declared_t, reason, first.audio_start_t)
+        probability, self._probability = self._probability, None
+        return TurnEnd(merged, reason, probability, len(pieces))
