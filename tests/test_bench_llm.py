@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from demo.bench_llm import MODES, prompt_lookup_ceiling
+from demo.bench.llm import MODES, prompt_lookup_ceiling
 from demo.cli import main
 
 FIELDS = {"tokens_per_s", "tokens_per_pass", "acceptance_rate", "ttft_s", "first_sentence_s",

@@ -19,11 +19,11 @@ one run: this machine is shared and noisy, so ratios measured together are what 
 
 # (name, module): each module has HELP, DESCRIPTION, add_arguments(parser), run(args).
 BENCHES: list[tuple[str, str]] = [
-    ("llm", "demo.bench_llm"),
-    ("engine", "demo.bench_engine"),
-    ("voice", "demo.bench_voice"),
-    ("pipeline", "demo.bench_pipeline"),
-    ("load", "demo.bench_load"),
+    ("llm", "demo.bench.llm"),
+    ("engine", "demo.bench.engine"),
+    ("voice", "demo.bench.voice"),
+    ("pipeline", "demo.bench.pipeline"),
+    ("load", "demo.bench.load"),
     ("quality", "demo.bench_quality"),
 ]
 

@@ -44,7 +44,7 @@ examples:
 """
 
 MODES = ("target_only", "hf_generate", "hf_assisted", "spec_model", "spec_ngram", "spec_hybrid")
-DIALOGUES = Path(__file__).parent / "data" / "dialogues.json"
+DIALOGUES = Path(__file__).resolve().parent.parent / "data" / "dialogues.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -98,7 +98,7 @@ def _speech_dir() -> Path:
     env = os.environ.get("SPECVOICE_SPEECH_DATA")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "speech"
+    return Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "speech"
 
 
 def _summary(values: list[float]) -> dict:
@@ -256,7 +256,7 @@ def _wer(refs: list[str], hyps: list[str]) -> dict:
 def dialogue_questions(path: Path | None = None) -> list[tuple[str, str]]:
     """(business, question) for every distinct caller message of demo/data/dialogues.json;
     the business is the dialogue id's prefix (dental, bistro, isp, shop)."""
-    path = path or Path(__file__).resolve().parent / "data" / "dialogues.json"
+    path = path or Path(__file__).resolve().parent.parent / "data" / "dialogues.json"
     seen: set[str] = set()
     out = []
     for turn in json.loads(path.read_text())["turns"]:
