@@ -1,0 +1,169 @@
+"""`specvoice bench batch`: N concurrent calls on one engine, passes batched across calls.
+
+A benchmark, not a test. Register as ("batch", "demo.bench.batch") in demo/commands/bench.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+HELP = "N concurrent conversations on one engine: batched passes vs one pass at a time, gamma 0 vs speculation"
+DESCRIPTION = """\
+Runs N conversations at once on ONE engine, each on its own thread as calls are
+(different voice-agent turns from demo/data/dialogues.json, greedy, same token budget),
+for each N in --calls and each mode:
+
+  gamma0       plain decoding (no drafter)
+  spec         the config's drafter with adaptive gamma (each conversation's gamma chosen
+               for the batch it is in)
+
+and each way of serving them (--serve): `batched`, the engine thread runs the rows of all
+waiting conversations as one target forward; `serial`, the same thread runs one
+conversation's pass at a time. Per run: wall time, aggregate tokens/s (all tokens over
+the wall time), per-call tokens/s (median), target passes, conversations and rows per
+pass. Every run's tokens are checked against that conversation run alone (greedy:
+they must be identical; a mismatch is reported, never hidden).
+
+  specvoice bench batch --calls 1 2 4 --out batch.json
+  specvoice bench batch --calls 4 --modes spec --serve batched --max-new-tokens 32
+"""
+
+DIALOGUES = Path(__file__).resolve().parent.parent / "data" / "dialogues.json"
+MODES = ("gamma0", "spec")
+SERVES = ("batched", "serial")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config name or TOML file (models, drafter, device, dtype)")
+    p.add_argument("--calls", type=int, nargs="+", default=[1, 2, 4], help="concurrent conversations per level (default 1 2 4)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--serve", default=",".join(SERVES), help=f"comma-separated subset of {','.join(SERVES)}")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the config's, else all cores)")
+    p.add_argument("--dialogues", type=Path, default=DIALOGUES)
+    p.add_argument("--out", type=Path, help="write the JSON results here")
+
+
+def run_level(engine, prompts: list[list[int]], max_new: int) -> dict:
+    """All prompts at once, one thread each; wall time, per-call stats and token ids."""
+    from llm.types import SamplingParams
+
+    n = len(prompts)
+    go = threading.Barrier(n + 1)
+    out: list[dict] = [{} for _ in range(n)]
+
+    def call(i: int) -> None:
+        conv = engine.new_conversation()
+        go.wait()
+        ids = []
+        t0 = time.perf_counter()
+        for g in engine.stream(prompts[i], SamplingParams(max_new_tokens=max_new), conv):
+            ids.extend(g.token_ids)
+        st = conv.last_stats
+        out[i] = {"ids": ids, "seconds": time.perf_counter() - t0, "tokens": len(ids), "passes": st.passes,
+                  "tokens_per_s": len(ids) / (time.perf_counter() - t0), "mean_gamma": st.as_dict()["mean_gamma"],
+                  "acceptance_rate": st.acceptance_rate, "ttft_s": st.ttft_s}
+
+    sched = engine.scheduler
+    before = (sched.passes, sched.batched_passes, sched.rows, sched.rounds)
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    go.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    passes, batched, rows, _ = (a - b for a, b in zip((sched.passes, sched.batched_passes, sched.rows, sched.rounds), before))
+    tokens = sum(c["tokens"] for c in out)
+    per_call = sorted(c["tokens_per_s"] for c in out)
+    conv_passes = sum(c["passes"] for c in out)
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "aggregate_tokens_per_s": tokens / wall,
+        "per_call_tokens_per_s_median": per_call[len(per_call) // 2],
+        "per_call_tokens_per_s_min": per_call[0],
+        "target_passes": passes,
+        "batched_passes": batched,
+        "conversations_per_pass": conv_passes / passes if passes else None,
+        "rows_per_pass": rows / passes if passes else None,
+        "mean_gamma": sum(c["mean_gamma"] for c in out) / n,
+        "calls": out,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from llm.engine import SpeculativeEngine
+    from pipeline.config import load_config
+    from pipeline.models import resolve_model
+
+    modes = [m for m in args.modes.split(",") if m]
+    serves = [s for s in args.serve.split(",") if s]
+    bad = [m for m in modes if m not in MODES] + [s for s in serves if s not in SERVES]
+    if bad:
+        print(f"error: unknown mode(s) {bad}", file=sys.stderr)
+        return 2
+    cfg = load_config(args.config).llm
+    threads = args.threads or cfg.threads
+    if threads:
+        torch.set_num_threads(threads)
+    drafter = cfg.drafter if cfg.drafter != "none" else "ngram"
+    draft = resolve_model(cfg.draft) if drafter in ("model", "hybrid") and cfg.draft else None
+    print(f"loading {cfg.target} ({drafter}, {cfg.device}, {cfg.dtype}) ...", file=sys.stderr)
+    engine = SpeculativeEngine.load(resolve_model(cfg.target), draft, drafter=drafter, gamma="auto", max_gamma=cfg.max_gamma,
+                                    device=cfg.device, dtype=cfg.dtype, context_tokens=cfg.context_tokens)
+    turns = json.loads(args.dialogues.read_text())["turns"]
+    n_max = max(args.calls)
+    prompts = [engine.chat_prompt(turns[i % len(turns)]["messages"]) for i in range(n_max)]
+    settings = {"gamma0": ("none", 0), "spec": (drafter, "auto")}
+
+    # Each conversation alone (the reference for exactness), which also warms up.
+    alone: dict[int, list[int]] = {}
+    engine.drafter, engine.gamma = "none", 0
+    for i in range(n_max):
+        alone[i] = run_level(engine, [prompts[i]], args.max_new_tokens)["calls"][0]["ids"]
+
+    results = []
+    for n in args.calls:
+        for mode in modes:
+            for serve in serves:
+                engine.close()
+                engine.batched = serve == "batched"
+                engine.drafter, engine.gamma = settings[mode]
+                engine.learned = None
+                r = run_level(engine, prompts[:n], args.max_new_tokens)
+                r["exact"] = all(c["ids"] == alone[i] for i, c in enumerate(r["calls"]))
+                for c in r["calls"]:
+                    del c["ids"]
+                r.update(calls_at_once=n, mode=mode, serve=serve)
+                results.append(r)
+                print(f"N={n} {mode:6} {serve:7} aggregate {r['aggregate_tokens_per_s']:6.2f} tok/s  per call "
+                      f"{r['per_call_tokens_per_s_median']:6.2f}  passes {r['target_passes']:4}  conv/pass "
+                      f"{r['conversations_per_pass'] or 0:4.2f}  rows/pass {r['rows_per_pass'] or 0:5.2f}  "
+                      f"gamma {r['mean_gamma']:4.2f}  exact {r['exact']}", file=sys.stderr)
+    engine.close()
+    report = {
+        "config": {"target": cfg.target, "drafter": drafter, "device": cfg.device, "dtype": cfg.dtype,
+                   "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+                   "machine": platform.processor() or platform.machine()},
+        "step_costs_s": engine.step_costs,
+        "runs": results,
+    }
+    base = {(r["mode"], r["serve"]): r["aggregate_tokens_per_s"] for r in results if r["calls_at_once"] == 1}
+    for r in results:
+        ref = base.get(("gamma0", r["serve"])) or base.get(("gamma0", "batched"))
+        r["aggregate_vs_gamma0_alone"] = r["aggregate_tokens_per_s"] / ref if ref else None
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.out}", file=sys.stderr)
+    ok = all(r["exact"] for r in results)
+    return 0 if ok else 1

@@ -1,0 +1,33 @@
+"""`specvoice bench batch` (demo/bench/batch.py) on a tiny model: its figures add up and
+its exactness check holds."""
+
+import argparse
+
+import torch
+
+from llm.engine import SpeculativeEngine
+
+
+def test_run_level_counts_and_matches_alone(tiny_models):
+    from demo.bench import batch
+
+    torch.set_num_threads(1)
+    eng = SpeculativeEngine.load(tiny_models["target"], drafter="ngram", gamma=3, dtype="int8", calibrate=False,
+                                 gather_s=20.0)
+    prompts = [eng.encode(t) for t in ("Hello! How can I help you today? Hello!", "A cleaning costs $89. A cleaning")]
+    alone = [batch.run_level(eng, [p], 12)["calls"][0]["ids"] for p in prompts]
+    eng.close()
+    r = batch.run_level(eng, prompts, 12)
+    assert [c["ids"] for c in r["calls"]] == alone
+    assert r["tokens"] == sum(len(ids) for ids in alone)
+    assert r["batched_passes"] >= 1 and r["conversations_per_pass"] > 1
+    assert r["aggregate_tokens_per_s"] > 0 and r["per_call_tokens_per_s_min"] <= r["per_call_tokens_per_s_median"]
+
+
+def test_arguments():
+    from demo.bench import batch
+
+    p = argparse.ArgumentParser()
+    batch.add_arguments(p)
+    args = p.parse_args(["--calls", "1", "4", "--modes", "spec", "--serve", "batched"])
+    assert args.calls == [1, 4] and args.modes == "spec" and batch.HELP
