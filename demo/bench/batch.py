@@ -27,8 +27,10 @@ and each way of serving them (--serve): `batched`, the engine thread runs the ro
 waiting conversations as one target forward; `serial`, the same thread runs one
 conversation's pass at a time. Per run: wall time, aggregate tokens/s (all tokens over
 the wall time), per-call tokens/s (median), target passes, conversations and rows per
-pass. Every run's tokens are checked against that conversation run alone (greedy:
-they must be identical; a mismatch is reported, never hidden).
+pass, and the aggregate tokens/s while every call is decoding (prefills excluded). Then
+the cost of one target forward by conversations x rows (1x1, 4x1, 4x9, ...). Every
+run's tokens are checked against that conversation run alone (greedy: they must be
+identical; a mismatch is reported, never hidden).
 
   specvoice bench batch --calls 1 2 4 --out batch.json
   specvoice bench batch --calls 4 --modes spec --serve batched --max-new-tokens 32
@@ -61,12 +63,13 @@ def run_level(engine, prompts: list[list[int]], max_new: int) -> dict:
     def call(i: int) -> None:
         conv = engine.new_conversation()
         go.wait()
-        ids = []
+        ids, stamps = [], []
         t0 = time.perf_counter()
         for g in engine.stream(prompts[i], SamplingParams(max_new_tokens=max_new), conv):
             ids.extend(g.token_ids)
+            stamps.append((g.timestamp, len(g.token_ids)))
         st = conv.last_stats
-        out[i] = {"ids": ids, "seconds": time.perf_counter() - t0, "tokens": len(ids), "passes": st.passes,
+        out[i] = {"ids": ids, "stamps": stamps, "seconds": time.perf_counter() - t0, "tokens": len(ids), "passes": st.passes,
                   "tokens_per_s": len(ids) / (time.perf_counter() - t0), "mean_gamma": st.as_dict()["mean_gamma"],
                   "acceptance_rate": st.acceptance_rate, "ttft_s": st.ttft_s}
 
@@ -83,11 +86,20 @@ def run_level(engine, prompts: list[list[int]], max_new: int) -> dict:
     passes, batched, rows, _ = (a - b for a, b in zip((sched.passes, sched.batched_passes, sched.rows, sched.rounds), before))
     tokens = sum(c["tokens"] for c in out)
     per_call = sorted(c["tokens_per_s"] for c in out)
+    # Decoding in steady state: the window where every call has its first token and none
+    # has finished (prefills excluded), all calls' tokens in it over its length.
+    start = max(c["stamps"][0][0] for c in out)
+    end = min(c["stamps"][-1][0] for c in out)
+    in_window = sum(n for c in out for t, n in c["stamps"] if start < t <= end)
+    for c in out:
+        del c["stamps"]
     conv_passes = sum(c["passes"] for c in out)
     return {
         "wall_s": wall,
         "tokens": tokens,
         "aggregate_tokens_per_s": tokens / wall,
+        "decode_window_s": end - start,
+        "decode_aggregate_tokens_per_s": in_window / (end - start) if end > start else None,
         "per_call_tokens_per_s_median": per_call[len(per_call) // 2],
         "per_call_tokens_per_s_min": per_call[0],
         "target_passes": passes,
@@ -97,6 +109,33 @@ def run_level(engine, prompts: list[list[int]], max_new: int) -> dict:
         "mean_gamma": sum(c["mean_gamma"] for c in out) / n,
         "calls": out,
     }
+
+
+def pass_costs(model, shapes=((1, 1), (2, 1), (4, 1), (1, 4), (2, 4), (4, 4), (1, 9), (4, 9)),
+               context: int = 200, repeats: int = 3) -> dict[str, float]:
+    """Seconds of one target forward over n conversations x r rows each ("nxr"), every
+    conversation at `context` tokens: the cost of a pass by the rows in it (best of repeats)."""
+    import torch
+
+    from llm.model import Segment, forward, forward_many, new_cache
+
+    ids = torch.arange(context + 9, device=model.device) % model.args.vocab_size
+    most = max(n for n, _ in shapes)
+    caches = []
+    with torch.inference_mode():
+        for _ in range(most):
+            cache = new_cache(model, context + 16)
+            forward(model, cache, ids[:context], 0, all_logits=False)
+            caches.append(cache)
+        costs = {}
+        for n, r in shapes:
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                forward_many(model, [Segment(caches[i], ids[context : context + r], context) for i in range(n)])
+                best = min(best, time.perf_counter() - t0)
+            costs[f"{n}x{r}"] = best
+    return costs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,16 +185,22 @@ def run(args: argparse.Namespace) -> int:
                     del c["ids"]
                 r.update(calls_at_once=n, mode=mode, serve=serve)
                 results.append(r)
-                print(f"N={n} {mode:6} {serve:7} aggregate {r['aggregate_tokens_per_s']:6.2f} tok/s  per call "
+                print(f"N={n} {mode:6} {serve:7} aggregate {r['aggregate_tokens_per_s']:6.2f} tok/s  decoding "
+                      f"{r['decode_aggregate_tokens_per_s'] or 0:6.2f}  per call "
                       f"{r['per_call_tokens_per_s_median']:6.2f}  passes {r['target_passes']:4}  conv/pass "
                       f"{r['conversations_per_pass'] or 0:4.2f}  rows/pass {r['rows_per_pass'] or 0:5.2f}  "
                       f"gamma {r['mean_gamma']:4.2f}  exact {r['exact']}", file=sys.stderr)
     engine.close()
+    costs = pass_costs(engine.target.model)
+    print("pass cost by conversations x rows: " + ", ".join(
+        f"{k} {v * 1e3:.0f} ms ({v / costs['1x1']:.2f}x)" for k, v in costs.items()), file=sys.stderr)
     report = {
         "config": {"target": cfg.target, "drafter": drafter, "device": cfg.device, "dtype": cfg.dtype,
                    "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
                    "machine": platform.processor() or platform.machine()},
         "step_costs_s": engine.step_costs,
+        "pass_cost_s": costs,
+        "pass_cost_vs_1x1": {k: v / costs["1x1"] for k, v in costs.items()},
         "runs": results,
     }
     base = {(r["mode"], r["serve"]): r["aggregate_tokens_per_s"] for r in results if r["calls_at_once"] == 1}
