@@ -9,7 +9,10 @@ each piece of audio went out.
 A transport supplies only a `FrameWriter`: how to write one frame, a mark and a clear.
 Everything about time lives here, once: frames of 20 ms go out on an absolute clock (each
 when the one before it has played, optionally `ahead_s` early so a network peer's buffer
-absorbs event-loop jitter), so sleep overshoot never accumulates into drift.
+absorbs event-loop jitter), so sleep overshoot shorter than `ahead_s` never accumulates
+into drift. A frame written later than its due time has left the listener with a gap
+(nothing was queued ahead to fill it), so the clock restarts from it: with `ahead_s = 0`
+(a local recording) every late wake-up shifts what follows, as it would for a listener.
 
 Marks are how the call learns what the caller actually heard. A writer whose far end
 echoes marks (Twilio) gets each mark written in order and the far end's echo confirms it
