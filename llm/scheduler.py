@@ -196,6 +196,7 @@ class PassScheduler:
                         works += self._queue
                         self._queue = []
                     self._round(works)
+                works = None  # nothing of a finished pass stays referenced while idle
 
     def _round(self, works: list[_Work]) -> None:
         self.rounds += 1
