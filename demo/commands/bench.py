@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "benchmarks: llm, engine, voice, pipeline, load, quality"
+HELP = "benchmarks: llm, engine, voice, pipeline, load, batch, quality"
 DESCRIPTION = """\
 Benchmarks print their figures and write JSON (--out). Compare modes side by side in
 one run: this machine is shared and noisy, so ratios measured together are what count.
@@ -14,6 +14,7 @@ one run: this machine is shared and noisy, so ratios measured together are what 
   specvoice bench voice --out voice.json          # STT / TTS / VAD real-time factors
   specvoice bench pipeline --out pipeline.json    # a scripted call, speculation on vs off
   specvoice bench load --calls 1 2 4              # N simulated callers against one bridge
+  specvoice bench batch --calls 1 2 4 --threads 1 # N conversations on one engine: batched vs one pass at a time
   specvoice bench quality --out quality.json      # % correct / % false claims on fact-checked questions
 """
 
@@ -24,6 +25,7 @@ BENCHES: list[tuple[str, str]] = [
     ("voice", "demo.bench.voice"),
     ("pipeline", "demo.bench.pipeline"),
     ("load", "demo.bench.load"),
+    ("batch", "demo.bench.batch"),
     ("quality", "demo.bench_quality"),
 ]
 
