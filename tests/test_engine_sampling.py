@@ -13,7 +13,6 @@ import torch
 
 from llm.drafters import NgramDrafter
 from llm.engine import SpeculativeEngine
-from llm.loading import load_model
 from llm.model import forward, new_cache
 from llm.sampling import Verdict, verify_sampled, warp
 from llm.types import SamplingParams

@@ -10,6 +10,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 HELP = "STT real-time factor and latency, TTS time to first audio, VAD cost"
 DESCRIPTION = """\
@@ -315,7 +319,6 @@ def piper_audio(tts, text: str, flat: bool) -> tuple["np.ndarray", int]:
 
 
 def run_vocabulary(args: argparse.Namespace) -> int:
-    import numpy as np
     from tqdm import tqdm
 
     from pipeline.models import ModelNotFoundError, resolve_model
