@@ -250,7 +250,7 @@ class Answer:
 
 
 def answer(engine, prompt: list[int], params) -> Answer:
-    from demo.bench_llm import FirstSentenceClock
+    from demo.bench.llm import FirstSentenceClock
 
     conv = engine.new_conversation()
     t0 = time.perf_counter()
