@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from llm.types import SamplingParams
+from pipeline.agent import chars_token_count, sampling_params, turn_taker
 from pipeline.config import Config
 from pipeline.mqtt import MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
@@ -90,12 +91,6 @@ class ModelSet(Protocol):
     def new_turn_taker(self, executor: Executor | None = None) -> TurnTaker: ...
 
 
-def _chars_token_count(messages: list[dict]) -> int:
-    from pipeline.agent import chars_token_count
-
-    return chars_token_count(messages)
-
-
 class Call:
     """A conversation between one caller (an AudioSource) and the agent (to an AudioSink)."""
 
@@ -110,7 +105,7 @@ class Call:
         backend: LLMBackend,
         endpointer: Endpointer,
         turns: TurnTaker | None = None,
-        count_tokens: Callable[[list[dict]], int] = _chars_token_count,
+        count_tokens: Callable[[list[dict]], int] = chars_token_count,
         call_id: str | None = None,
         mqtt: MqttPublisher | None | Literal["config"] = "config",
         report_dir: str | Path | None = None,
@@ -119,8 +114,6 @@ class Call:
         on_event: Callable[[str, dict], None] | None = None,
         executor: Executor | None = None,
     ):
-        from pipeline.agent import sampling_params, turn_taker
-
         self.config = config
         self.source, self.sink = source, sink
         self.stt, self.tts, self.backend, self.endpointer = stt, tts, backend, endpointer
@@ -247,6 +240,8 @@ class Call:
                 await self.mqtt.aclose(timeout=2.0)
         with contextlib.suppress(BaseException):
             await self.sink.aclose()
+        # Free the LLM conversation (the KV cache, ~10 MB a call for SmolLM2, more for the
+        # default pair) now, not when the Call is dropped: a server keeps recent Calls listed.
         with contextlib.suppress(BaseException):
             await self.backend.aclose()
 

@@ -127,11 +127,10 @@ def make_call_handler(
         try:
             await pipeline_call.run()
         finally:
+            # (The call's run closed its backend: its KV cache is freed even though the
+            # last KEEP_CALLS Calls stay listed.)
             if on_call_end is not None:
                 on_call_end(pipeline_call)
-            # The call is over: free its LLM conversation (the KV cache, ~10 MB a call for
-            # SmolLM2, more for the default pair) now, not when the Call is dropped.
-            await pipeline_call.backend.aclose()
 
     on_call.calls = []  # the last KEEP_CALLS pipeline Calls served, for tests and the in-process demo
     on_call.get_models = get_models
