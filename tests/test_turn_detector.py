@@ -125,7 +125,9 @@ def test_unfinished_fragment_scores_lower_than_its_question(detector, speak):
     prosody, ~0.97: that case is the transcript's job, see voice.turn_detector.dangling_word.)"""
     full = detector.probability(np.concatenate([speak("I would like to book a cleaning and a checkup."), PAUSE]))
     fragment = detector.predict(np.concatenate([speak("I would like to book a cleaning and"), PAUSE]))
-    assert full >= 0.9
+    # Margins, not this CPU's figures: Piper and onnxruntime round differently across CPUs (AVX2
+    # here 0.967; an AVX-512 EPYC gave 0.893), so the test asks for the decision and a wide gap.
+    assert full > 0.75 and full > detector.threshold
     assert fragment.probability < 0.5 and not fragment.complete
     assert fragment.probability < full - 0.4
 
