@@ -24,10 +24,11 @@ from pathlib import Path
 
 HELP = "answer quality: how many answers are correct and how many state a false claim, per prompt variant"
 DESCRIPTION = """\
-Puts every question of demo/data/quality.json (64 questions over the four demo
+Puts every question of demo/data/quality.json (80 questions over the four demo
 businesses: single questions, 2-3 turn follow-ups, questions the facts do not answer,
-and false premises like "you're open Sundays, right?") to the agent, greedy, and checks
-each answer by rules:
+and false premises like "you're open Sundays, right?"; 64 "dev" questions the prompt
+options were compared on and 16 "holdout" ones written afterwards) to the agent, greedy,
+and checks each answer by rules:
 
   correct       every fact the answer must state is there, and no false claim
   false claim   a rule for a claim the answer must not make matched (a wrong time,
@@ -36,13 +37,17 @@ each answer by rules:
 Prompt variants are compared side by side in one run, question by question (this
 machine is noisy; speeds count only within one run):
 
-  before        the prompts as they were: one paragraph of facts, no rules (dental: the
-                old default agent prompt; others: the prompts of demo/data/dialogues.json)
-  paragraph     built from the business config: one paragraph, no rules, no examples
-  lines         one labelled fact a line, hours per day; no rules, no examples
-  rules         lines + explicit rules ("let me check" rather than guess, correct a false premise)
-  examples      lines + worked examples, no rules
-  config        what --config's [agent] says (the default config: the shipped default)
+  before           the prompts as they were: one paragraph of facts, no rules (dental: the
+                   old default agent prompt; others: the prompts of demo/data/dialogues.json)
+  paragraph        built from the business config: one paragraph, no rules, no examples
+  lines            one labelled fact a line; no rules, no examples
+  paragraph_rules  paragraph + the rules (only the facts; say "I'm not sure about that. I can
+                   take a message..." rather than guess; never agree with what they don't say)
+  rules            lines + the rules
+  examples         lines + worked examples filled from the facts, no rules
+  rules_examples   lines + rules + examples
+  checker          lines + rules, opening "callers often get facts wrong; compare..."
+  config           what --config's [agent] says (the default config: the shipped default)
 
 Speed is reported per variant: tokens/s after the first token, TTFT and first-sentence
 latency (median, with the system prompt's K/V already computed, as on a call), and the
@@ -61,14 +66,19 @@ QUESTIONS = DATA / "quality.json"
 CATEGORIES = ("single", "followup", "unknown", "false_premise")
 
 # Prompt options per variant, as AgentConfig fields (None: the prompts from before).
+_OFF = {"prompt_rules": False, "prompt_examples": False, "prompt_persona": "role"}
 VARIANTS: dict[str, dict | None] = {
     "before": None,
-    "paragraph": {"prompt_layout": "paragraph", "prompt_rules": False, "prompt_examples": False},
-    "lines": {"prompt_layout": "lines", "prompt_rules": False, "prompt_examples": False},
-    "rules": {"prompt_layout": "lines", "prompt_rules": True, "prompt_examples": False},
-    "examples": {"prompt_layout": "lines", "prompt_rules": False, "prompt_examples": True},
+    "paragraph": {"prompt_layout": "paragraph", **_OFF},
+    "lines": {"prompt_layout": "lines", **_OFF},
+    "paragraph_rules": {"prompt_layout": "paragraph", **_OFF, "prompt_rules": True},
+    "rules": {"prompt_layout": "lines", **_OFF, "prompt_rules": True},
+    "examples": {"prompt_layout": "lines", **_OFF, "prompt_examples": True},
+    "rules_examples": {"prompt_layout": "lines", **_OFF, "prompt_rules": True, "prompt_examples": True},
+    "checker": {"prompt_layout": "lines", **_OFF, "prompt_rules": True, "prompt_persona": "checker"},
     "config": {},
 }
+OPTIONS = ("prompt_layout", "prompt_rules", "prompt_examples", "prompt_persona")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,6 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=None, help="only the first N questions (default: all)")
     p.add_argument("--business", help="only this business's questions (dental, bistro, isp, shop)")
     p.add_argument("--ids", help="only these questions (comma-separated ids)")
+    p.add_argument("--split", choices=["dev", "holdout"], help="only the dev or the held-out questions")
     p.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default: the config's llm.max_new_tokens)")
     p.add_argument("--questions", type=Path, default=QUESTIONS, help="question set (JSON)")
     p.add_argument("--show", action="store_true", help="print every answer with its verdict")
@@ -201,6 +212,7 @@ class Question:
     id: str
     business: str
     category: str
+    split: str  # "dev": used to compare prompt options; "holdout": only measured
     messages: list[dict]  # the caller's turns (and the agent's earlier answers); no system prompt
     rules: Rules
 
@@ -214,7 +226,7 @@ def load_questions(path: Path = QUESTIONS) -> tuple[list[Question], dict]:
     out = []
     for q in data["questions"]:
         rules = Rules.build(q.get("must", []), q.get("must_not", []) + shared[q["business"]], macros)
-        out.append(Question(q["id"], q["business"], q["category"], q["messages"], rules))
+        out.append(Question(q["id"], q["business"], q["category"], q.get("split", "dev"), q["messages"], rules))
     return out, data
 
 
@@ -288,6 +300,7 @@ def variant_report(rows: list[dict], prefill: dict) -> dict:
         **summarize(rows),
         "by_business": groups("business"),
         "by_category": groups("category"),
+        "by_split": groups("split"),
         "speed": {
             "tokens_per_s": median([r["tokens_per_s"] or None for r in rows]),
             "ttft_s": median([r["ttft_s"] for r in rows]),
@@ -312,6 +325,7 @@ def rescore(args: argparse.Namespace) -> int:
     for v, entry in report["variants"].items():
         rows = [r for r in entry["questions"] if r["id"] in by_id]
         for r in rows:
+            r.setdefault("split", by_id[r["id"]].split)
             verdict = check(r["answer"], by_id[r["id"]].rules)
             r.update(correct=verdict.correct, false_claim=verdict.false_claim, missing=verdict.missing,
                      false_claims=verdict.false_claims)
@@ -355,6 +369,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: unknown business {args.business!r}; choose from {', '.join(data['businesses'])}", file=sys.stderr)
             return 2
         questions = [q for q in questions if q.business == args.business]
+    if args.split:
+        questions = [q for q in questions if q.split == args.split]
     if args.ids:
         wanted = {i.strip() for i in args.ids.split(",") if i.strip()}
         unknown = wanted - {q.id for q in questions}
@@ -393,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
             msgs = [{"role": "system", "content": prompts[v][q.business]}] + q.messages
             a = answer(engine, engine.chat_prompt(msgs), params)
             verdict = check(a.text, q.rules)
-            rows[v].append({"id": q.id, "business": q.business, "category": q.category,
+            rows[v].append({"id": q.id, "business": q.business, "category": q.category, "split": q.split,
                             "question": q.messages[-1]["content"], "answer": a.text, "correct": verdict.correct,
                             "false_claim": verdict.false_claim, "missing": verdict.missing,
                             "false_claims": verdict.false_claims, "tokens": a.tokens, "ttft_s": a.ttft_s,
@@ -411,8 +427,7 @@ def run(args: argparse.Namespace) -> int:
         "models": {"target": llm.target, "drafter": llm.drafter, "dtype": llm.dtype},
         "questions": len(questions),
         "max_new_tokens": params.max_new_tokens,
-        "variants": {v: {"options": VARIANTS[v] if VARIANTS[v] != {} else {
-            k: getattr(config.agent, k) for k in ("prompt_layout", "prompt_rules", "prompt_examples")},
+        "variants": {v: {"options": VARIANTS[v] if VARIANTS[v] != {} else {k: getattr(config.agent, k) for k in OPTIONS},
             **variant_report(rows[v], prefill[v])} for v in variants},
         "prompts": prompts,
     }
@@ -431,30 +446,32 @@ def print_table(report: dict) -> None:
         return "-" if v is None else format(v, spec)
 
     variants = report["variants"]
+    w = max(8, *(len(v) for v in variants))
     print(f"\n{report['questions']} questions, greedy, max {report['max_new_tokens']} new tokens, "
           f"{report['models']['target']} ({report['models']['drafter']} drafts)")
-    head = (f"{'variant':10s} {'correct':>7s} {'false':>6s} {'tok/s':>6s} {'tok/pass':>8s} {'TTFT s':>7s} "
+    head = (f"{'variant':{w}s} {'correct':>7s} {'false':>6s} {'tok/s':>6s} {'tok/pass':>8s} {'TTFT s':>7s} "
             f"{'1st sent s':>10s} {'sys tok':>7s} {'prefill s':>9s}")
     print(head)
     print("-" * len(head))
     for v, e in variants.items():
         s = e["speed"]
-        print(f"{v:10s} {pct(e['correct']):>7s} {pct(e['false_claim']):>6s} {num(s['tokens_per_s'], '.1f'):>6s} "
+        print(f"{v:{w}s} {pct(e['correct']):>7s} {pct(e['false_claim']):>6s} {num(s['tokens_per_s'], '.1f'):>6s} "
               f"{num(s['tokens_per_pass']):>8s} {num(s['ttft_s'], '.3f'):>7s} {num(s['first_sentence_s'], '.3f'):>10s} "
               f"{num(s['system_prompt_tokens'], '.0f'):>7s} {num(s['prefill_s'], '.2f'):>9s}")
-    for key, title in (("by_business", "business"), ("by_category", "category")):
+    for key, title in (("by_business", "business"), ("by_category", "category"), ("by_split", "split")):
         names = list(next(iter(variants.values()))[key])
         print(f"\ncorrect / false claim by {title}")
-        print(f"{title:14s} " + " ".join(f"{v:>13s}" for v in variants))
+        print(f"{title:14s} " + " ".join(f"{v:>{max(w, 11)}s}" for v in variants))
         for n in names:
             cells = [f"{pct(variants[v][key][n]['correct'])} / {pct(variants[v][key][n]['false_claim'])}" for v in variants]
-            print(f"{n:14s} " + " ".join(f"{c:>13s}" for c in cells))
+            print(f"{n:14s} " + " ".join(f"{c:>{max(w, 11)}s}" for c in cells))
     print("\nper question (. correct, x false claim, - a fact missing)")
-    ids = [r["id"] for r in next(iter(variants.values()))["questions"]]
-    print(f"{'question':26s} " + " ".join(f"{v[:10]:>10s}" for v in variants))
-    for i, qid in enumerate(ids):
+    rows = [{r["id"]: r for r in variants[v]["questions"]} for v in variants]
+    ids = list(rows[0])
+    print(f"{'question':26s} " + " ".join(f"{v:>{w}s}" for v in variants))
+    for qid in ids:
         marks = []
-        for v in variants:
-            r = variants[v]["questions"][i]
-            marks.append("." if r["correct"] else ("x" if r["false_claim"] else "-"))
-        print(f"{qid:26s} " + " ".join(f"{m:>10s}" for m in marks))
+        for by_id in rows:
+            r = by_id.get(qid)
+            marks.append(" " if r is None else "." if r["correct"] else ("x" if r["false_claim"] else "-"))
+        print(f"{qid:26s} " + " ".join(f"{m:>{w}s}" for m in marks))

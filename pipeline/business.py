@@ -24,6 +24,7 @@ __all__ = ["DAYS", "BusinessConfig", "Example", "Layout", "day_hours", "default_
 
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 Layout = Literal["paragraph", "lines"]
+Persona = Literal["role", "checker"]
 
 
 def _not_blank(value, info, required: bool = False):
@@ -76,6 +77,8 @@ class BusinessConfig(BaseModel):
     open_slots: list[str] | None = None
     # Anything else the agent may say, one fact a line.
     facts: list[str] | None = None
+    # What to say when the facts do not answer (default: FALLBACK, offering to take a message).
+    fallback: str | None = None
     # Worked exchanges specific to this business (added to the built-in ones when examples are on).
     examples: list[Example] | None = None
 
@@ -84,7 +87,7 @@ class BusinessConfig(BaseModel):
     def _required(cls, value, info):
         return _not_blank(value, info, required=True)
 
-    @field_validator("about", "address", "phone", "hours", "prices", "open_slots", "facts", "examples")
+    @field_validator("about", "address", "phone", "hours", "prices", "open_slots", "facts", "fallback", "examples")
     @classmethod
     def _optional(cls, value, info):
         return _not_blank(value, info)
@@ -142,36 +145,41 @@ def _is_closed(value: str) -> bool:
 # ---------------------------------------------------------------- the prompt
 
 STYLE = "Answer in one to three short spoken sentences, no lists or markdown."
+# What the agent says when the facts do not answer (business.fallback overrides it).
+FALLBACK = "I'm not sure about that. I can take a message and have someone call you back."
+# The checker opening: measured to cut false claims further, at the cost of more fallbacks.
+CHECKER = ("Callers often get facts wrong; compare what they say with the facts before you agree.")
 
-RULES = (
-    "Rules:\n"
-    "- Say only what the facts above say. Never invent a service, price, time, offer or discount.\n"
-    "- If the facts do not answer the question, say you don't have that information and offer to take a message. "
-    "Do not guess, and do not answer yes or no.\n"
-    "- Callers are often wrong. Before you say yes, check the facts; if they say otherwise, start with \"No\" and "
-    "give the right fact.\n"
-    "- Quote times and prices exactly as written above."
-)
-SLOT_RULE = "- Offer only the open slots listed above; no other day or time can be booked."
+
+def _rules(b: BusinessConfig) -> str:
+    # A sentence to say word for word works where "say you will check" did not: the 1.5B
+    # model then stops inventing prices and services. It also over-uses it (see README).
+    return ("Rules:\n- Use only these facts.\n"
+            f"- If the facts do not answer the question, say: \"{b.fallback or FALLBACK}\"\n"
+            "- Never agree with something the facts do not say.")
 
 
 def _builtin_examples(b: BusinessConfig) -> list[Example]:
-    """Generic worked examples, filled from the business's own facts so they never teach a
-    false one. They show the ways the model goes wrong: agreeing with a false premise,
-    guessing an answer it does not have. They are not questions of the quality benchmark."""
+    """Worked examples filled from the business's own facts (so they never teach a false
+    one): answering a price, correcting a wrong price, a closed day, and a question the
+    facts do not answer. They are not questions of the quality benchmark."""
     out: list[Example] = []
     if b.prices:
+        item, price = list(b.prices.items())[-1]
+        out.append(Example(caller=f"How much is {item}?", agent=f"{_cap(item)} is {price}."))
         item, price = next(iter(b.prices.items()))
         wrong = _wrong_price(price)
         if wrong:
-            out.append(Example(caller=f"The {item} is {wrong}, right?", agent=f"No, sorry, the {item} is {price}."))
+            out.append(Example(caller=f"{_cap(item)} is {wrong}, right?", agent=f"Actually, {item} is {price}."))
     closed = [d for d, v in (day_hours(b.hours) or []) if _is_closed(v)] if b.hours else []
     if closed:
         out.append(Example(caller=f"Can I come by on {closed[0]}?", agent=f"Sorry, we're closed on {closed[0]}."))
-    out.append(Example(caller="Do you sell gift cards?",
-                       agent="I don't have that information, sorry. I can take a message and have someone call you "
-                             "back. Can I have your name and number?"))
+    out.append(Example(caller="Do you sell gift cards?", agent=b.fallback or FALLBACK))
     return out
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _wrong_price(price: str) -> str | None:
@@ -189,8 +197,13 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text[-1] in ".!?" else text + "."
+
+
 def _paragraph_facts(b: BusinessConfig) -> str:
-    """The facts as one running paragraph: how the prompt was written before this module."""
+    """The facts as one running paragraph: how the prompts were written before this module."""
     parts = []
     if b.address:
         parts.append(f"address {b.address}.")
@@ -206,49 +219,47 @@ def _paragraph_facts(b: BusinessConfig) -> str:
     return "Facts: " + " ".join(parts)
 
 
-def _sentence(text: str) -> str:
-    text = text.strip()
-    return text if text[-1] in ".!?" else text + "."
-
-
 def _line_facts(b: BusinessConfig) -> str:
-    """The facts one per labelled line; hours one line per day when the labels are days."""
-    lines = [f"Business: {b.name}" + (f", {b.about}" if b.about else "")]
+    """One labelled fact a line. Hours stay on one line as the user wrote them (one line per
+    day measured worse: "Tuesday: 8 a.m." next to "Open slot: Tuesday 10:30 a.m." made the
+    model offer 8 a.m. slots); each open slot gets its own line."""
+    lines = []
     if b.address:
         lines.append(f"Address: {b.address}")
     if b.phone:
         lines.append(f"Phone: {b.phone}")
     if b.hours:
-        days = day_hours(b.hours)
-        if days is None:
-            lines += [f"Hours, {k}: {v}" for k, v in b.hours.items()]
-        else:
-            lines += [f"Hours, {d}: {v}" for d, v in days]
+        lines.append("Opening hours: " + "; ".join(f"{k} {v}" for k, v in b.hours.items()))
     if b.prices:
         lines += [f"Price of {k}: {v}" for k, v in b.prices.items()]
-    if b.open_slots:
-        lines += [f"Open slot: {s}" for s in b.open_slots]
-        lines.append("No other appointment times are open.")
-    lines += [_sentence(f) for f in b.facts or []]
-    return "Facts:\n" + "\n".join(f"- {line}" for line in lines)
+    lines += [f"Open slot: {s}" for s in b.open_slots or []]
+    lines += [f.strip().rstrip(".") for f in b.facts or []]
+    return "Facts:\n" + "\n".join(f"- {line}." for line in lines)
 
 
-def system_prompt(business: BusinessConfig, layout: Layout = "lines", rules: bool = True, examples: bool = True) -> str:
+def system_prompt(business: BusinessConfig, layout: Layout = "lines", rules: bool = True, examples: bool = False,
+                  persona: Persona = "role") -> str:
     """The system prompt for `business`.
 
-    layout: "lines" (one labelled fact a line, hours per day) or "paragraph" (one running
-    paragraph, the old style). rules: the explicit rules (only the facts; say 'let me check'
-    rather than guess; correct a false premise). examples: a few worked exchanges, the
-    built-in generic ones plus the business's own.
+    layout: "lines" (one labelled fact a line) or "paragraph" (one running paragraph, the
+    old style). rules: only the facts; a fixed sentence to say when they do not answer
+    rather than guess; never agree with what they do not say. examples: a few worked
+    exchanges (built-in ones filled from the facts, plus business.examples). persona:
+    "role" (the business's receptionist, host, ...) or "checker" (told that callers get
+    facts wrong and to compare before agreeing).
     """
     b = business
-    who = f"You are the {b.role} of {b.name}" + (f", {b.about}" if b.about else "") + ", speaking on the phone."
+    about = f", {b.about}" if b.about else ""
+    if persona == "checker":
+        who = f"You are a fact checker answering phone calls for {b.name}{about}. {CHECKER}"
+    else:
+        who = f"You are the {b.role} of {b.name}{about}, speaking on the phone."
     parts = [f"{who} {STYLE}", _line_facts(b) if layout == "lines" else _paragraph_facts(b)]
-    if rules:
-        parts.append(RULES + ("\n" + SLOT_RULE if b.open_slots else ""))
     if examples:
         shown = _builtin_examples(b) + list(b.examples or [])
         parts.append("Examples:\n" + "\n".join(f'Caller: "{e.caller}"\nYou: "{e.agent}"' for e in shown))
+    if rules:
+        parts.append(_rules(b))
     return "\n\n".join(parts)
 
 

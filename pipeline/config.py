@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.business import BusinessConfig, Layout, default_business
+from pipeline.business import BusinessConfig, Layout, Persona, default_business
 from pipeline.business import system_prompt as business_prompt
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -68,15 +68,17 @@ class AgentConfig(Section):
     # [business] existed keep working); empty means "build it".
     system_prompt: str = ""
     greeting: str = ""  # empty: business.greeting
-    # How the prompt is built; the defaults measured best with `specvoice bench quality`.
+    # How the prompt is built from [business]; the defaults measured best with
+    # `specvoice bench quality` (README: Answer quality).
     prompt_layout: Layout = "lines"  # "lines": one labelled fact a line; "paragraph": the old running text
-    prompt_rules: bool = True  # explicit rules: only the facts, "let me check" rather than guess
-    prompt_examples: bool = True  # a few worked exchanges
+    prompt_rules: bool = True  # only the facts; a fixed sentence rather than a guess; never agree with a wrong claim
+    prompt_examples: bool = False  # a few worked exchanges filled from the facts
+    prompt_persona: Persona = "role"  # "role": the business's receptionist/host/...; "checker": compares before agreeing
     # Budget for the conversation history fed to the LLM; older turns are dropped first.
     history_tokens: int = Field(default=1536, ge=64)
 
     def built_prompt(self, business: BusinessConfig) -> str:
-        return business_prompt(business, self.prompt_layout, self.prompt_rules, self.prompt_examples)
+        return business_prompt(business, self.prompt_layout, self.prompt_rules, self.prompt_examples, self.prompt_persona)
 
 
 class STTConfig(Section):
@@ -128,7 +130,7 @@ class TurnConfig(Section):
     fallback_to_silence: bool = False
 
     @model_validator(mode="after")
-    def _pause_shorter_than_max(self) -> "TurnConfig":
+    def _pause_shorter_than_max(self) -> TurnConfig:
         if self.pause_ms >= self.max_silence_ms:
             raise ValueError("turn.pause_ms must be shorter than turn.max_silence_ms")
         return self

@@ -129,6 +129,11 @@ SEEN_FALSE = [
     ("bistro-seven", "Yes, we have a table for 2 at 7 p.m. tonight."),
     ("isp-plus-technician", "The visit costs $49."),
     ("shop-wednesday", "Yes, it's arriving Wednesday."),
+    ("dental-close-friday", "Friday is closed."),
+    ("dental-saturday", "No, Riverside Dental is closed on Saturday."),
+    ("dental-saturday-afternoon", "Yes, we're open Saturday from 9 a.m. to 1 p.m."),
+    ("bistro-hours", "We're closed on Sundays."),
+    ("shop-store", "Yes, we have a physical store in our downtown location."),
 ]
 
 
@@ -168,6 +173,13 @@ def test_correct_answers_are_accepted(questions, qid, answer):
     assert v.correct, v
 
 
+@pytest.mark.parametrize("qid", ["dental-sunday", "bistro-monday", "isp-free-technician", "shop-60-days"])
+def test_a_shrug_does_not_correct_a_false_premise(questions, qid):
+    """"I'm not sure" to "you're open Sundays, right?" is no false claim, but no answer either."""
+    v = verdict(questions, qid, "I'm not sure about that. I can take a message and have someone call you back.")
+    assert not v.correct and not v.false_claim
+
+
 def test_a_missing_fact_is_not_a_false_claim(questions):
     v = verdict(questions, "dental-parking", "Yes, there is parking available.")
     assert not v.correct and not v.false_claim and v.missing == ["free", "behind"]
@@ -180,13 +192,15 @@ def test_question_set_schema(questions):
     by_id, data = questions
     raw = data["questions"]
     assert len(raw) >= 60 and len(by_id) == len(raw), "at least 60 questions, unique ids"
+    assert sum(q["split"] == "dev" for q in raw) >= 60, "the prompt options were compared on at least 60"
     assert set(data["businesses"]) == {"dental", "bistro", "isp", "shop"}
     cover = Counter((q["business"], q["category"]) for q in raw)
     for business in data["businesses"]:
         for category in CATEGORIES:
             assert cover[(business, category)] >= 3, (business, category)
     for q in raw:
-        assert set(q) == {"id", "business", "category", "messages", "must", "must_not"}, q["id"]
+        assert set(q) == {"id", "business", "category", "split", "messages", "must", "must_not"}, q["id"]
+        assert q["split"] in ("dev", "holdout"), q["id"]
         assert q["category"] in CATEGORIES and q["business"] in data["businesses"], q["id"]
         assert q["must"] or q["must_not"], q["id"]
         assert all(isinstance(fact, list) and fact for fact in q["must"]), q["id"]
@@ -292,6 +306,7 @@ def test_bench_quality_end_to_end_writes_the_documented_json(tiny_models, tmp_pa
         assert {"correct", "false_claim", "by_business", "by_category", "speed", "prefill", "questions"} <= set(entry)
         assert 0.0 <= entry["correct"] <= 1.0 and 0.0 <= entry["false_claim"] <= 1.0
         assert set(entry["by_business"]) == {"tiny"} and set(entry["by_category"]) == set(CATEGORIES)
+        assert set(entry["by_split"]) == {"dev"}
         assert {"tokens_per_s", "ttft_s", "first_sentence_s", "tokens_per_pass", "system_prompt_tokens",
                 "prefill_s"} <= set(entry["speed"])
         assert entry["prefill"]["tiny"]["tokens"] > 0
@@ -303,7 +318,8 @@ def test_bench_quality_end_to_end_writes_the_documented_json(tiny_models, tmp_pa
     # A longer prompt for "rules" than for "before", and "config" reports the config's options.
     v = report["variants"]
     assert v["rules"]["speed"]["system_prompt_tokens"] > v["before"]["speed"]["system_prompt_tokens"]
-    assert v["config"]["options"] == {"prompt_layout": "lines", "prompt_rules": True, "prompt_examples": True}
+    assert v["config"]["options"] == {"prompt_layout": "lines", "prompt_rules": True, "prompt_examples": False,
+                                      "prompt_persona": "role"}
     assert report["prompts"]["before"]["tiny"] == "Riverside Dental is open Saturday 9 to 1."
 
 

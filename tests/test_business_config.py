@@ -100,12 +100,21 @@ def test_a_config_survives_a_dump_and_reload():
 
 
 def test_prompt_options_change_the_built_prompt(tmp_path):
-    lines = load_config(write(tmp_path, MINIMAL + '[business.hours]\n"Tuesday to Sunday" = "5 p.m. to 10 p.m."\n'))
-    para = load_config(write(tmp_path, '[agent]\nprompt_layout = "paragraph"\nprompt_rules = false\n'
-                             'prompt_examples = false\n' + MINIMAL + '[business.hours]\n"Tuesday to Sunday" = "5 p.m. to 10 p.m."\n'))
-    assert "- Hours, Monday: closed" in lines.agent.system_prompt
-    assert "Hours: Tuesday to Sunday 5 p.m. to 10 p.m." in para.agent.system_prompt
-    assert "Rules:" not in para.agent.system_prompt and "Examples:" not in para.agent.system_prompt
+    hours = '[business.hours]\n"Tuesday to Sunday" = "5 p.m. to 10 p.m."\nMonday = "closed"\n'
+    lines = load_config(write(tmp_path, MINIMAL + hours))
+    para = load_config(write(tmp_path, '[agent]\nprompt_layout = "paragraph"\nprompt_rules = false\n' + MINIMAL + hours))
+    checker = load_config(write(tmp_path, '[agent]\nprompt_persona = "checker"\nprompt_examples = true\n' + MINIMAL + hours))
+    assert "- Opening hours: Tuesday to Sunday 5 p.m. to 10 p.m.; Monday closed." in lines.agent.system_prompt
+    assert "Rules:" in lines.agent.system_prompt and "Examples:" not in lines.agent.system_prompt
+    assert "Hours: Tuesday to Sunday 5 p.m. to 10 p.m., Monday closed." in para.agent.system_prompt
+    assert "Rules:" not in para.agent.system_prompt
+    assert checker.agent.system_prompt.startswith("You are a fact checker answering phone calls for Luigi's Bistro.")
+    assert "Examples:" in checker.agent.system_prompt
+
+
+def test_a_bad_prompt_option_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="agent.prompt_layout"):
+        load_config(write(tmp_path, '[agent]\nprompt_layout = "table"\n'))
 
 
 # ---------------------------------------------------------------- the default business
@@ -149,24 +158,32 @@ def test_hours_ranges_expand_to_one_line_per_day_and_unlisted_days_are_closed():
 
 def test_lines_layout_has_one_labelled_fact_a_line():
     p = system_prompt(default_business(), layout="lines", rules=False, examples=False)
-    for line in ("- Address: 42 Harbor Street, Springfield, next to the public library", "- Phone: 555-0142",
-                 "- Hours, Friday: 8 a.m. to 6 p.m.", "- Hours, Sunday: closed", "- Price of cleaning: $89",
-                 "- Open slot: Wednesday 2:15 p.m. with Dr. Moreno", "- Parking is free behind the building."):
+    for line in ("- Address: 42 Harbor Street, Springfield, next to the public library.", "- Phone: 555-0142.",
+                 "- Opening hours: Monday to Friday 8 a.m. to 6 p.m.; Saturday 9 a.m. to 1 p.m.; Sunday closed.",
+                 "- Price of cleaning: $89.", "- Price of filling: from $120.",
+                 "- Open slot: Wednesday 2:15 p.m. with Dr. Moreno.", "- Parking is free behind the building."):
         assert line in p.splitlines(), line
     assert "Rules:" not in p and "Examples:" not in p
 
 
-def test_rules_and_examples_are_options():
+def test_rules_say_a_fixed_fallback_sentence_which_the_business_may_change():
     b = default_business()
-    p = system_prompt(b, rules=True, examples=True)
-    assert "offer to take a message" in p and "Offer only the open slots" in p
-    assert 'Caller: "Can I come by on Sunday?"' in p and "closed on Sunday" in p
-    assert 'Caller: "The cleaning is $178, right?"\nYou: "No, sorry, the cleaning is $89."' in p
-    # Examples only quote the business's own facts: a business with no closed day and no
-    # slots gets no closed-day or slot example.
+    p = system_prompt(b, rules=True)
+    assert ('- If the facts do not answer the question, say: "I\'m not sure about that. I can take a message and '
+            'have someone call you back."') in p
+    assert "- Never agree with something the facts do not say." in p
+    own = b.model_copy(update={"fallback": "Let me ask the dentist and call you back."})
+    assert 'say: "Let me ask the dentist and call you back."' in system_prompt(own, rules=True)
+
+
+def test_examples_quote_only_the_businesss_own_facts():
+    p = system_prompt(default_business(), rules=False, examples=True)
+    assert 'Caller: "How much is filling?"\nYou: "Filling is from $120."' in p
+    assert 'Caller: "Cleaning is $178, right?"\nYou: "Actually, cleaning is $89."' in p
+    assert 'Caller: "Can I come by on Sunday?"\nYou: "Sorry, we\'re closed on Sunday."' in p
+    # A business with no closed day gets no closed-day example.
     isp = business(BUSINESSES / "isp.toml")
-    q = system_prompt(isp, rules=False, examples=True)
-    assert "closed" not in q and "open times" not in q
+    assert "closed" not in system_prompt(isp, rules=False, examples=True)
 
 
 def test_business_examples_from_the_config_are_added():
