@@ -93,25 +93,14 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
 
-    from pipeline.agent import AgentModels
-    from pipeline.config import ConfigError, load_config
-    from pipeline.models import ModelNotFoundError
+    from demo.commands import load_config_or_exit, load_models_or_exit
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config, "specvoice bench pipeline")
     if config.llm.backend != "speculative":
-        print("error: bench pipeline compares in-process speculation on/off; llm.backend must be 'speculative'",
-              file=sys.stderr)
+        print("specvoice bench pipeline: it compares in-process speculation on/off; llm.backend must be "
+              "'speculative'", file=sys.stderr)
         return 2
-    try:
-        print("loading models...", file=sys.stderr, flush=True)
-        models = AgentModels.load(config)
-    except (ModelNotFoundError, OSError, RuntimeError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    models = load_models_or_exit(config, "specvoice bench pipeline")
 
     work = Path(tempfile.mkdtemp(prefix="specvoice-bench-"))
     wavs = list(args.wav or [])

@@ -66,13 +66,9 @@ def server_row(entry: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from pipeline.config import ConfigError, load_config
+    from demo.commands import load_config_or_exit
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"specvoice call: {exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config, "specvoice call")
     from demo.caller import DEFAULT_SCRIPT, load_script, prepare_lines
 
     try:

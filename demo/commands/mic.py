@@ -41,22 +41,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"specvoice mic: {exc}", file=sys.stderr)
         return 1
 
-    from pipeline.agent import AgentModels
-    from pipeline.config import ConfigError, load_config
-    from pipeline.models import ModelNotFoundError
+    from demo.commands import load_config_or_exit, load_models_or_exit
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"specvoice mic: {exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config, "specvoice mic")
     config = config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"barge_in": args.barge_in})})
-    try:
-        print("loading models...", file=sys.stderr, flush=True)
-        models = AgentModels.load(config)
-    except (ModelNotFoundError, OSError, RuntimeError, ValueError) as exc:
-        print(f"specvoice mic: {exc}", file=sys.stderr)
-        return 1
+    models = load_models_or_exit(config, "specvoice mic")
 
     from demo.commands.call import HEADER, server_row
     from pipeline.call import Call

@@ -38,13 +38,9 @@ def run(args: argparse.Namespace) -> int:
 
     from pipeline.transports.telephony.auth import AuthConfigError, load_tokens
     from pipeline.transports.telephony.server import Bridge, check_auth_configured
-    from pipeline.config import ConfigError, load_config
+    from demo.commands import load_config_or_exit
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"specvoice serve: {exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config, "specvoice serve")
     updates = {k: v for k, v in (("host", args.host), ("port", args.port), ("public_url", args.public_url))
                if v is not None}
     bridge_config = config.bridge.model_copy(update=updates)
