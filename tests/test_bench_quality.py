@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from demo.bench_quality import (
+from demo.bench.quality import (
     CATEGORIES,
     QUESTIONS,
     VARIANTS,

@@ -26,7 +26,7 @@ BENCHES: list[tuple[str, str]] = [
     ("pipeline", "demo.bench.pipeline"),
     ("load", "demo.bench.load"),
     ("batch", "demo.bench.batch"),
-    ("quality", "demo.bench_quality"),
+    ("quality", "demo.bench.quality"),
 ]
 
 

@@ -61,7 +61,7 @@ examples:
   specvoice bench quality --rescore quality.json --show            # re-check saved answers after a rule change
 """
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "data"
 QUESTIONS = DATA / "quality.json"
 CATEGORIES = ("single", "followup", "unknown", "false_premise")
 
