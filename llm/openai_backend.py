@@ -134,6 +134,10 @@ class OpenAIChatBackend:
                             return
                         group = self._group(event, stats, started)
                         if group is not None:
+                            if group.finish_reason is not None and self._wants_usage():
+                                # The usage chunk comes after the finish chunk (OpenAI, vLLM,
+                                # SGLang, llama.cpp): read it so last_stats has the counts.
+                                await self._read_usage(events, cancel, stats, started)
                             yield group
                             if group.finish_reason is not None:
                                 return
@@ -152,6 +156,25 @@ class OpenAIChatBackend:
             ) from exc
         except httpx.HTTPError as exc:
             raise OpenAIBackendError(f"HTTP error talking to the LLM server at {self.url}: {exc}") from exc
+
+    def _wants_usage(self) -> bool:
+        options = self.extra_body.get("stream_options")
+        return isinstance(options, dict) and bool(options.get("include_usage"))
+
+    async def _read_usage(self, events: AsyncIterator[str], cancel: CancelEvent | None,
+                          stats: GenerationStats, started: float) -> None:
+        """After the finish chunk: read on to [DONE] for the usage chunk. The answer is
+        complete, so a cancel, a broken stream or a bad chunk here only ends the wait."""
+        total_s = stats.total_s
+        try:
+            while True:
+                event = await _next_or_cancel(events, cancel)
+                if event is _CANCELLED or event is _END or event == "[DONE]":
+                    break
+                self._group(event, stats, started)
+        except (httpx.HTTPError, OpenAIBackendError):
+            pass
+        stats.total_s = total_s  # the answer's time, not the trailer's
 
     def _group(self, data: str, stats: GenerationStats, started: float) -> TokenGroup | None:
         try:

@@ -1,0 +1,276 @@
+"""The OpenAI-compatible backend against a REAL inference server: llama.cpp's server (the
+`xllamacpp` wheel, CPU) serving SmolLM2-135M-Instruct's GGUF on a free loopback port.
+
+Skips, with the reason, where xllamacpp is not installed or the GGUF cannot be fetched;
+SPECVOICE_REQUIRE_ENGINE=1 turns that into a failure. The whole-call test also needs the
+voice models (SPECVOICE_REQUIRE_MODELS=1, as elsewhere). Run:
+
+    pip install xllamacpp
+    python -m pytest -q -m real_engine tests/test_openai_real_server.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import re
+import secrets
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from realengine import (
+    GGUFUnavailable,
+    LlamaServer,
+    engine_missing_reason,
+    gguf_file,
+    prometheus,
+    require_engine,
+)
+
+from llm.openai_backend import OpenAIChatBackend
+from llm.types import SamplingParams
+
+pytestmark = pytest.mark.real_engine
+
+SMALL = "smollm2-135m-instruct"
+ALIAS = "smollm2"
+REPO = Path(__file__).resolve().parents[1]
+USAGE = {"stream_options": {"include_usage": True}}
+QUESTION = [{"role": "system", "content": "You are the receptionist of Riverside Dental. Answer briefly."},
+            {"role": "user", "content": "What are your opening hours?"}]
+
+
+def _unavailable(reason: str) -> None:
+    if require_engine():
+        pytest.fail(f"{reason} (SPECVOICE_REQUIRE_ENGINE=1)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    reason = engine_missing_reason()
+    if reason:
+        _unavailable(reason)
+    try:
+        model = gguf_file(SMALL)
+    except GGUFUnavailable as exc:
+        _unavailable(str(exc))
+    server = LlamaServer(model, threads=1, ctx=2048, alias=ALIAS, metrics=True,
+                         log_path=tmp_path_factory.mktemp("llama") / "server.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
+def backend(server: LlamaServer, **extra) -> OpenAIChatBackend:
+    return OpenAIChatBackend(server.base_url, ALIAS, timeout_s=120, extra_body=extra or None)
+
+
+async def collect(b: OpenAIChatBackend, messages=QUESTION, params=None, cancel=None):
+    params = params or SamplingParams(max_new_tokens=32, temperature=0.0, seed=0)
+    return [g async for g in b.stream(messages, params, cancel)]
+
+
+async def test_streaming_chat_groups_finish_and_usage(llama):
+    async with backend(llama, **USAGE) as b:
+        groups = await collect(b)
+        stats = b.last_stats
+    text = "".join(g.text for g in groups)
+    assert text.strip(), groups
+    # Text arrives over several groups, the finish reason only on the last one.
+    assert len(groups) > 2 and all(g.finish_reason is None for g in groups[:-1])
+    assert groups[-1].finish_reason in ("length", "eos")
+    assert all(g.drafted == 0 and g.accepted == 0 for g in groups)
+    assert all(a.timestamp <= b.timestamp for a, b in zip(groups, groups[1:]))
+    # Counts from the server's usage chunk (it follows the finish chunk).
+    assert stats.prompt_tokens > len(QUESTION[1]["content"].split())
+    assert 0 < stats.passes <= stats.new_tokens <= 32
+    assert (stats.new_tokens == 32) == (groups[-1].finish_reason == "length")
+    assert stats.ttft_s is not None and stats.total_s >= stats.ttft_s
+
+
+async def test_without_usage_option_counts_chunks(llama):
+    async with backend(llama) as b:
+        groups = await collect(b)
+        stats = b.last_stats
+    assert "".join(g.text for g in groups).strip()
+    assert stats.prompt_tokens == 0  # no usage asked for, none sent
+    assert stats.new_tokens == stats.passes == sum(1 for g in groups if g.text)
+
+
+async def test_greedy_answer_identical_across_runs(llama):
+    params = SamplingParams(max_new_tokens=48, temperature=0.0, seed=0)
+    async with backend(llama) as b:
+        first = "".join(g.text for g in await collect(b, params=params))
+        second = "".join(g.text for g in await collect(b, params=params))
+    async with backend(llama) as b:  # a fresh HTTP client too
+        third = "".join(g.text for g in await collect(b, params=params))
+    assert first.strip() and first == second == third
+
+
+async def test_cancel_mid_stream_stops_generation_and_server_serves_next(llama):
+    long = [{"role": "user", "content": "Write a long story about a lighthouse keeper and his cat."}]
+    max_new = 400
+    before = prometheus(f"{llama.root_url}/metrics")["llamacpp:tokens_predicted_total"]
+    cancel = asyncio.Event()
+    got = []
+    # ignore_eos: without the cancel the server would generate all max_new tokens.
+    async with backend(llama, ignore_eos=True) as b:
+        async for group in b.stream(long, SamplingParams(max_new_tokens=max_new, temperature=0.0), cancel):
+            got.append(group)
+            if sum(1 for g in got if g.text) == 3:
+                cancel.set()  # barge-in
+    assert got[-1].finish_reason == "cancelled" and got[-1].text == ""
+    assert sum(1 for g in got if g.text) == 3  # nothing after the cancel
+
+    # The server keeps serving: the next request (same single slot) completes normally.
+    async with backend(llama, **USAGE) as b:
+        groups = await collect(b)
+        stats = b.last_stats
+    assert "".join(g.text for g in groups).strip() and groups[-1].finish_reason in ("length", "eos")
+    # ... and the cancelled request stopped early on the server (the slot was freed when the
+    # HTTP stream closed, not after max_new tokens): its predicted tokens are far fewer.
+    after = prometheus(f"{llama.root_url}/metrics")["llamacpp:tokens_predicted_total"]
+    cancelled_tokens = after - before - stats.new_tokens
+    assert 3 <= cancelled_tokens < max_new / 2, (before, after, stats.new_tokens)
+    assert llama.alive()
+
+
+# ------------------------------------------------------------------ a whole call through `specvoice serve`
+
+VOICE_MODELS = ("whisper-tiny.en", "piper-joe-medium")
+
+
+def _serve_config(tmp_path: Path, server: LlamaServer) -> Path:
+    path = tmp_path / "openai.toml"
+    path.write_text(f"""\
+[llm]
+backend = "openai"
+max_new_tokens = 40
+temperature = 0.0
+seed = 0
+
+[llm.openai]
+base_url = "{server.base_url}"
+model = "{ALIAS}"
+timeout_s = 120
+
+[stt]
+model = "whisper-tiny.en"
+
+[report]
+dir = "{(tmp_path / 'reports').as_posix()}"
+""")
+    return path
+
+
+class ServeProcess:
+    """`specvoice serve --port 0` as a subprocess; `port` once it prints its listening line."""
+
+    LISTENING = re.compile(r"specvoice bridge listening on [^:]+:(\d+)")
+
+    def __init__(self, config: Path, token: str, log: Path) -> None:
+        env = {**os.environ, "SPECVOICE_BRIDGE_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+        env.pop("TWILIO_AUTH_TOKEN", None)
+        self.log = log
+        self._err = open(log, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "demo.cli", "serve", "--port", "0", "--config", str(config)],
+                                     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._err,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def port(self, timeout_s: float = 300.0) -> int:
+        """Blocks until the listening line (the models are loaded) or the process ends."""
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout_s)
+            except queue.Empty:
+                raise AssertionError(f"specvoice serve printed no listening line in {timeout_s:g} s:\n{self.tail()}")
+            if line is None:
+                raise AssertionError(f"specvoice serve exited ({self.proc.wait()}):\n{self.tail()}")
+            if m := self.LISTENING.search(line):
+                return int(m.group(1))
+
+    def tail(self, chars: int = 4000) -> str:
+        self._err.flush()
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)  # SIGINT: what Ctrl-C sends
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._err.close()
+        return self.proc.returncode
+
+
+@pytest.mark.models
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_whole_call_through_specvoice_serve_with_openai_backend(llama, tmp_path):
+    from callfakes import wait_for
+    from conftest import require_model
+
+    from demo.caller import SimulatedCaller, prepare_lines
+    from pipeline.models import resolve_model
+    from pipeline.report import load_report
+    from voice.tts import load_tts
+
+    for name in VOICE_MODELS:
+        require_model(name)
+    before = prometheus(f"{llama.root_url}/metrics")["llamacpp:tokens_predicted_total"]
+    token = secrets.token_urlsafe(24)
+    serve = ServeProcess(_serve_config(tmp_path, llama), token, tmp_path / "serve.log")
+    try:
+        port = await asyncio.to_thread(serve.port)
+        tts = load_tts("piper", resolve_model("piper-joe-medium"), threads=1)
+        lines = prepare_lines([{"text": "What are your opening hours?"},
+                               {"text": "How much does a cleaning cost?"}], tts)
+        # The caller waits 5 s of agent silence before its next line: a loaded machine may
+        # pause between sentences (as in test_call_e2e).
+        caller = SimulatedCaller(f"ws://127.0.0.1:{port}/media-stream", lines, token=token,
+                                 expect_greeting=True, silence_s=5.0, reply_timeout_s=240)
+        result = await caller.run()
+        reports = tmp_path / "reports"
+        # The bridge gives the pipeline end_grace_s to write the report after the hang-up.
+        await wait_for(lambda: any(reports.glob("*.json")), 60, "the call's report")
+        assert serve.proc.poll() is None, serve.tail()  # still serving after the call
+    finally:
+        code = serve.stop()
+    assert code in (0, -2, 130), serve.tail()
+
+    # The agent spoke: the greeting and the answers came back as audio frames.
+    assert result.bad_messages == []
+    assert result.media_in > 100 and result.greeting_audio_s > 0.5
+    assert len(result.turns) == 2 and all(t.first_agent_audio_t is not None for t in result.turns)
+    assert all(t.agent_audio_s > 0.3 for t in result.turns)
+
+    (path,) = list(reports.glob("*.json"))
+    data = load_report(path)
+    assert data["call_id"] == result.call_sid and data["end_reason"] == "caller_hangup"
+    assert [t["index"] for t in data["turns"]] == [0, 1]
+    for turn in data["turns"]:
+        assert turn["agent_text"].strip() and not turn["interrupted"]
+        metrics = turn["metrics"]
+        assert metrics["voice_to_voice"] is not None and metrics["voice_to_voice"] > 0
+    # The answers came from the real server: it predicted at least their tokens.
+    after = prometheus(f"{llama.root_url}/metrics")["llamacpp:tokens_predicted_total"]
+    assert after - before >= 2
+    (tmp_path / "report.json").write_text(json.dumps(data, indent=1))  # kept for a failing run's eyes
