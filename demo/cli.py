@@ -19,6 +19,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("serve", "demo.commands.serve"),
     ("mic", "demo.commands.mic"),
     ("report", "demo.commands.report"),
+    ("bookings", "demo.commands.bookings"),
     ("generate", "demo.commands.generate"),
     ("transcribe", "demo.commands.transcribe"),
     ("say", "demo.commands.say"),

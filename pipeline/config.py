@@ -174,6 +174,16 @@ class MQTTConfig(Section):
     retry_s: float = Field(default=1.0, gt=0.0)
 
 
+class ToolsConfig(Section):
+    """`[tools]`: the agent's tools (booking, messages, transfer; pipeline/tools.py) and the
+    database they write to (pipeline/bookings.py)."""
+
+    enabled: bool = False
+    # Empty: the SQLite file data/bookings.sqlite under the working directory (made if
+    # missing). Else a SQLite file path, or a postgresql://user:password@host/db URL.
+    database: str = ""
+
+
 class Config(Section):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
@@ -187,6 +197,7 @@ class Config(Section):
     bridge: BridgeConfig = Field(default_factory=BridgeConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     mqtt: MQTTConfig = Field(default_factory=MQTTConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     @model_validator(mode="after")
     def _agent_from_business(self) -> Config:
