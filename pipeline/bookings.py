@@ -509,8 +509,10 @@ class BookingStore:
                 raise NoSuchBooking(f"no active booking for '{name}' {what}; bookings under that name: {held}")
             row = mine[0]
             cancelled = _now()
-            self._execute("UPDATE bookings SET cancelled_at = ? WHERE id = ? AND cancelled_at IS NULL",
-                          (cancelled, row[0]))
+            updated = self._execute("UPDATE bookings SET cancelled_at = ? WHERE id = ? AND cancelled_at IS NULL",
+                                    (cancelled, row[0])).rowcount
+            if updated != 1:  # PostgreSQL: another call cancelled it since our SELECT
+                raise NoSuchBooking(f"the booking for '{name}' at '{row[1]}' was already cancelled")
         return Booking(row[0], row[1], row[2], row[3], row[4], row[5], row[6], cancelled)
 
     def bookings(self, *, include_cancelled: bool = True) -> list[Booking]:
