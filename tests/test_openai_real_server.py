@@ -22,6 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 from realengine import (
     GGUFUnavailable,
@@ -35,7 +36,7 @@ from realengine import (
 from llm.openai_backend import OpenAIChatBackend
 from llm.types import SamplingParams
 
-pytestmark = pytest.mark.real_engine
+real_engine = pytest.mark.real_engine
 
 SMALL = "smollm2-135m-instruct"
 ALIAS = "smollm2"
@@ -79,6 +80,7 @@ async def collect(b: OpenAIChatBackend, messages=QUESTION, params=None, cancel=N
     return [g async for g in b.stream(messages, params, cancel)]
 
 
+@real_engine
 async def test_streaming_chat_groups_finish_and_usage(llama):
     async with backend(llama, **USAGE) as b:
         groups = await collect(b)
@@ -97,6 +99,7 @@ async def test_streaming_chat_groups_finish_and_usage(llama):
     assert stats.ttft_s is not None and stats.total_s >= stats.ttft_s
 
 
+@real_engine
 async def test_without_usage_option_counts_chunks(llama):
     async with backend(llama) as b:
         groups = await collect(b)
@@ -106,6 +109,7 @@ async def test_without_usage_option_counts_chunks(llama):
     assert stats.new_tokens == stats.passes == sum(1 for g in groups if g.text)
 
 
+@real_engine
 async def test_greedy_answer_identical_across_runs(llama):
     params = SamplingParams(max_new_tokens=48, temperature=0.0, seed=0)
     async with backend(llama) as b:
@@ -116,6 +120,7 @@ async def test_greedy_answer_identical_across_runs(llama):
     assert first.strip() and first == second == third
 
 
+@real_engine
 async def test_cancel_mid_stream_stops_generation_and_server_serves_next(llama):
     long = [{"role": "user", "content": "Write a long story about a lighthouse keeper and his cat."}]
     max_new = 400
@@ -142,6 +147,53 @@ async def test_cancel_mid_stream_stops_generation_and_server_serves_next(llama):
     cancelled_tokens = after - before - stats.new_tokens
     assert 3 <= cancelled_tokens < max_new / 2, (before, after, stats.new_tokens)
     assert llama.alive()
+
+
+# ------------------------------------------------------------------ the usage trailer, without an engine
+
+
+def _sse_transport(events: list[str]) -> httpx.MockTransport:
+    body = "".join(f"data: {e}\n\n" for e in events).encode()
+    return httpx.MockTransport(lambda request: httpx.Response(200, content=body,
+                                                              headers={"Content-Type": "text/event-stream"}))
+
+
+def _chunk(content=None, finish=None, usage=None) -> str:
+    choices = [] if usage else [{"index": 0, "delta": {} if content is None else {"content": content},
+                                 "finish_reason": finish}]
+    return json.dumps({"choices": choices, **({"usage": usage} if usage else {})})
+
+
+# What llama.cpp, vLLM and OpenAI send with stream_options.include_usage: the usage chunk
+# (no choices) after the finish chunk, then [DONE].
+TRAILER = [_chunk("Hello"), _chunk(" there."), _chunk(finish="stop"),
+           _chunk(usage={"prompt_tokens": 21, "completion_tokens": 3}), "[DONE]"]
+
+
+async def test_usage_chunk_after_finish_is_read_when_asked():
+    b = OpenAIChatBackend("http://engine.test/v1", "m", extra_body=USAGE, transport=_sse_transport(TRAILER))
+    async with b:
+        groups = await collect(b)
+    assert [g.text for g in groups] == ["Hello", " there.", ""] and groups[-1].finish_reason == "eos"
+    assert (b.last_stats.prompt_tokens, b.last_stats.new_tokens, b.last_stats.passes) == (21, 3, 2)
+
+
+async def test_without_usage_option_nothing_after_finish_is_read():
+    # A broken trailer would raise if it were read: without include_usage it is not.
+    events = TRAILER[:3] + ["{not json"]
+    b = OpenAIChatBackend("http://engine.test/v1", "m", transport=_sse_transport(events))
+    async with b:
+        groups = await collect(b)
+    assert groups[-1].finish_reason == "eos"
+    assert (b.last_stats.prompt_tokens, b.last_stats.new_tokens) == (0, 2)  # one token a chunk
+
+
+async def test_broken_usage_trailer_does_not_fail_a_finished_answer():
+    b = OpenAIChatBackend("http://engine.test/v1", "m", extra_body=USAGE,
+                          transport=_sse_transport(TRAILER[:3] + ['{"error": {"message": "late"}}']))
+    async with b:
+        groups = await collect(b)
+    assert "".join(g.text for g in groups) == "Hello there." and groups[-1].finish_reason == "eos"
 
 
 # ------------------------------------------------------------------ a whole call through `specvoice serve`
@@ -224,6 +276,7 @@ class ServeProcess:
 @pytest.mark.models
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@real_engine
 async def test_whole_call_through_specvoice_serve_with_openai_backend(llama, tmp_path):
     from callfakes import wait_for
     from conftest import require_model
