@@ -1,6 +1,7 @@
 """The in-process LLM backend (the interface, `LLMBackend`, is in llm/types.py).
 
     backend.stream(messages, params, cancel) -> async iterator of TokenGroup
+    SpeculativeBackend(engine, tools=TOOL_SCHEMAS)   # the model may call tools (llm/tool_calls.py)
 
 The speculative engine runs in a worker thread (torch releases the GIL in its
 kernels), so the event loop stays free for audio while the model thinks. Groups cross
@@ -23,9 +24,13 @@ from threadrelay import relay
 class SpeculativeBackend:
     """One conversation (one call) on a shared engine: its KV cache lives across turns."""
 
-    def __init__(self, engine: SpeculativeEngine, conversation: Conversation | None = None):
+    def __init__(self, engine: SpeculativeEngine, conversation: Conversation | None = None,
+                 tools: list[dict] | None = None):
         self.engine = engine
         self.conversation: Conversation | None = conversation or engine.new_conversation()
+        # OpenAI "tools" entries rendered into every prompt by the chat template (the same
+        # list every turn, so the system block, and its cached K/V, stay the same).
+        self.tools = tools
 
     @property
     def last_stats(self) -> GenerationStats | None:
@@ -41,7 +46,7 @@ class SpeculativeBackend:
         if self.conversation is None:
             raise RuntimeError("this backend was closed")
         conversation = self.conversation
-        prompt = await asyncio.to_thread(self.engine.chat_prompt, messages)
+        prompt = await asyncio.to_thread(self.engine.chat_prompt, messages, True, self.tools)
         stop = _Stop(cancel)
         try:
             async with contextlib.aclosing(

@@ -27,6 +27,7 @@ the CPU default stays the variable-width int8 path.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 import time
@@ -276,15 +277,21 @@ class SpeculativeEngine:
                 d.tokens = list(prompt[:best_len])
 
     # ---- prompts -----------------------------------------------------------------------
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
+        """The prompt's token ids. `tools` (OpenAI "tools" entries) are rendered by the
+        target's own chat template (Qwen2.5: into the system block, so a system prompt's
+        K/V warmed with the same tools is still a prefix of every turn's prompt). Messages
+        are OpenAI-shaped: assistant `tool_calls` with JSON-string arguments, role "tool"."""
         tok = self.target.tokenizer
         if getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+            out = tok.apply_chat_template(template_messages(messages), tools=tools or None,
+                                          add_generation_prompt=add_generation_prompt, tokenize=True)
             if isinstance(out, dict) or hasattr(out, "input_ids"):
                 out = out["input_ids"]
             return list(out)
         # No template: a plain transcript.
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant:" if add_generation_prompt else "")
+        text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages) + ("assistant:" if add_generation_prompt else "")
         return self.encode(text)
 
     def encode(self, text: str) -> list[int]:
@@ -322,6 +329,36 @@ class SpeculativeEngine:
         groups = list(self.stream(prompt, params, conv))
         ids = [t for g in groups for t in g.token_ids]
         return ids, groups, conv.last_stats
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI-shaped messages as HF chat templates want them: a tool call's arguments as a
+    mapping (Qwen2.5's template writes them with `tojson`; a JSON string would be quoted
+    twice and the rendered call would no longer match what the model wrote, costing the
+    KV cache reuse of the next round), and content never None."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if not calls and m.get("content") is not None:
+            out.append(m)
+            continue
+        m = {**m, "content": m.get("content") or ""}
+        if calls:
+            m["tool_calls"] = [_template_call(c) for c in calls]
+        out.append(m)
+    return out
+
+
+def _template_call(call: dict) -> dict:
+    fn = call.get("function", call)
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            parsed = None
+        args = parsed if isinstance(parsed, dict) else args
+    return {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}}
 
 
 def time_steps(model, rows: tuple[int, ...], context: int = 64, repeats: int = 3, warmup: int = 0,
