@@ -7,10 +7,15 @@
 One speculative engine serves all calls (its fair lock interleaves them pass by pass),
 one Whisper, one Piper voice (serialised by its own lock) and one Silero session. The
 system prompt's K/V is computed once (`warm_prefix`) and copied into each new call.
+
+With `[tools] enabled` the bookings database is opened once (a clear error naming the
+path if it cannot be), the tool schemas go into every prompt (and into the warmed prefix,
+so it stays a prefix), and each call gets its own `ToolBox` (`new_toolbox(call_id)`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -27,11 +32,47 @@ from voice.endpointer import EndpointConfig, Endpointer
 
 if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
     from llm.engine import SpeculativeEngine
+    from pipeline.bookings import BookingStore
+    from pipeline.tools import ToolBox
     from voice.vad import SileroModel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentModels", "endpoint_config", "sampling_params", "chars_token_count"]
+__all__ = ["AgentModels", "endpoint_config", "sampling_params", "chars_token_count", "system_prompt",
+           "tool_schemas"]
+
+
+def system_prompt(config: Config) -> str:
+    """The system prompt a call uses: the agent's, plus how to use the tools when [tools]
+    is enabled (the chat template adds the schemas; this says when to call them). With the
+    default 1.5B target the schemas alone were not enough: asked to book, it answered from
+    the facts, wrote the call as prose, or inside <tools> tags; with this paragraph it
+    called book_slot and said the result."""
+    if not config.tools.enabled:
+        return config.agent.system_prompt
+    base, a = config.agent.system_prompt, config.agent
+    if a.prompt_rules and base == a.built_prompt(config.business):
+        # The rules ("only the facts; else say I'm not sure...") with the tools in the
+        # prompt made the 1.5B answer every request with the fixed sentence, opening hours
+        # included (measured, issue 15); without them it called the tools and still
+        # answered the facts. A prompt the user wrote is kept as written.
+        base = a.model_copy(update={"prompt_rules": False}).built_prompt(config.business)
+    slots = config.business.open_slots or []
+    example = json.dumps({"name": "book_slot", "arguments": {
+        "slot": slots[-1] if slots else "Monday 9:00 a.m.", "name": "Jo Park"}}, ensure_ascii=False)
+    return (f"{base}\n\nTools: when the caller wants to book a slot, cancel a booking, "
+            "leave a message or speak to a person, reply with only the tool call, for example:\n"
+            f"<tool_call>\n{example}\n</tool_call>\n"
+            "After the tool's result, tell the caller in one short sentence what it says.")
+
+
+def tool_schemas(config: Config) -> list[dict] | None:
+    """The tools the model is offered: the receptionist's, when [tools] is enabled."""
+    if not config.tools.enabled:
+        return None
+    from pipeline.tools import TOOL_SCHEMAS
+
+    return TOOL_SCHEMAS
 
 
 def endpoint_config(config: Config, end_of_turn_model: bool = False) -> EndpointConfig:
@@ -85,6 +126,7 @@ class AgentModels:
     engine: SpeculativeEngine | None = None  # None for the OpenAI backend
     end_of_turn: EndOfTurnModel | None = None  # Smart Turn (turn.mode = "smart_turn"), else None
     load_s: dict[str, float] = field(default_factory=dict)
+    bookings: BookingStore | None = None  # [tools] enabled: the database every call's tools use
 
     @classmethod
     def load(cls, config: Config, *, threads: int | None = None, warm: bool = True) -> "AgentModels":
@@ -95,6 +137,7 @@ class AgentModels:
         from voice.tts import load_tts
         from voice.vad import SileroModel
 
+        bookings = open_bookings(config)  # first: a bad database path fails before a minute of loading
         torch_threads, stt_threads, tts_threads = _threads(config, threads)
         times: dict[str, float] = {}
         engine = None
@@ -129,7 +172,7 @@ class AgentModels:
         times["tts"] = time.perf_counter() - t
         vad = SileroModel()
         end_of_turn = load_end_of_turn(config)
-        models = cls(config, stt, tts, vad, engine, end_of_turn, times)
+        models = cls(config, stt, tts, vad, engine, end_of_turn, times, bookings)
         if warm:
             models.warm()
         return models
@@ -139,7 +182,8 @@ class AgentModels:
         if self.engine is None:
             return
         prefix = self.engine.chat_prompt(
-            [{"role": "system", "content": self.config.agent.system_prompt}], add_generation_prompt=False)
+            [{"role": "system", "content": system_prompt(self.config)}], add_generation_prompt=False,
+            tools=tool_schemas(self.config))
         if prefix:
             self.engine.warm_prefix(prefix)
 
@@ -153,7 +197,15 @@ class AgentModels:
             return OpenAIChatBackend(o.base_url, o.model, os.environ.get(o.api_key_env), o.timeout_s)
         from llm.backend import SpeculativeBackend
 
-        return SpeculativeBackend(self.engine)
+        return SpeculativeBackend(self.engine, tools=tool_schemas(config))
+
+    def new_toolbox(self, call_id: str, caller: str | None = None) -> ToolBox | None:
+        """One call's tools (None when [tools] is off)."""
+        if self.bookings is None:
+            return None
+        from pipeline.tools import ToolBox
+
+        return ToolBox(self.bookings, call_id, caller)
 
     def count_tokens(self, messages: list[dict]) -> int:
         if self.engine is not None:
@@ -165,6 +217,16 @@ class AgentModels:
 
     def new_turn_taker(self, executor: Executor | None = None) -> TurnTaker:
         return turn_taker(self.config, self.end_of_turn, executor)
+
+
+def open_bookings(config: Config) -> BookingStore | None:
+    """The bookings database when [tools] is enabled (DatabaseError, naming the path, if
+    it cannot be opened), seeded with the business's open slots while it has none."""
+    if not config.tools.enabled:
+        return None
+    from pipeline.bookings import open_store
+
+    return open_store(config.tools.database, open_slots=config.business.open_slots)
 
 
 def load_end_of_turn(config: Config) -> EndOfTurnModel | None:

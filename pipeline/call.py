@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from llm.types import SamplingParams
-from pipeline.agent import chars_token_count, sampling_params, turn_taker
+from pipeline.agent import chars_token_count, sampling_params, system_prompt, turn_taker
 from pipeline.config import Config
 from pipeline.mqtt import MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
@@ -52,6 +52,7 @@ from pipeline.sentences import SentenceSplitter
 from pipeline.stages.listen import listen
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
+from pipeline.stages.tools_step import ToolRunner
 from pipeline.stages.turn_taking import TurnEnd, TurnTaker
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import History, LLMResult, Turn
@@ -113,12 +114,13 @@ class Call:
         on_turn: Callable[[dict], None] | None = None,
         on_event: Callable[[str, dict], None] | None = None,
         executor: Executor | None = None,
+        toolbox: ToolRunner | None = None,
     ):
         self.config = config
         self.source, self.sink = source, sink
         self.stt, self.tts, self.backend, self.endpointer = stt, tts, backend, endpointer
-        self.call_id = call_id or f"call-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.history = History(config.agent.system_prompt, config.agent.history_tokens, count_tokens)
+        self.call_id = call_id or new_call_id()
+        self.history = History(system_prompt(config), config.agent.history_tokens, count_tokens)
         self.params: SamplingParams = sampling_params(config)
         self.mqtt: MqttPublisher | None = (MqttPublisher.from_config(config.mqtt) if mqtt == "config" else mqtt)
         self.report_dir = Path(report_dir if report_dir is not None else config.report.dir)
@@ -126,6 +128,8 @@ class Call:
         self.on_turn = on_turn
         self.on_event = on_event
         self.executor = executor or voice_executor()
+        # The model may call tools (pipeline.tools.ToolBox; the backend renders the schemas).
+        self.toolbox = toolbox
         # Silence endpointing unless a turn-taker with an end-of-turn model is given.
         self.turn_taker = turns if turns is not None else turn_taker(config, None, self.executor)
 
@@ -136,6 +140,8 @@ class Call:
         self.barge_ins = 0
         self.errors: list[str] = []
         self.llm_calls = 0
+        # A tool ended the call ("transfer" / "end_call", and why): set after that turn was spoken.
+        self.ended_by: tuple[str, str | None] | None = None
         self._utterances: asyncio.Queue[TurnEnd | None] = asyncio.Queue()
         self._responding: Turn | None = None  # the turn the agent is answering in (barge-in target)
         self._turn_task: asyncio.Task | None = None
@@ -156,8 +162,12 @@ class Call:
             ports["endpointer"] = models.new_endpointer()
         if "turns" not in overrides:
             ports["turns"] = models.new_turn_taker(overrides.get("executor"))
+        call_id = overrides.pop("call_id", None) or new_call_id()
+        new_toolbox = getattr(models, "new_toolbox", None)  # a test's stand-in may have no tools
+        if "toolbox" not in overrides and new_toolbox is not None:
+            ports["toolbox"] = new_toolbox(call_id)
         text = config.agent.greeting if greeting is True else (greeting or "")
-        return cls(config, source, sink, greeting=text, **{**ports, **overrides})
+        return cls(config, source, sink, greeting=text, call_id=call_id, **{**ports, **overrides})
 
     # ------------------------------------------------------------ public helpers
 
@@ -200,14 +210,19 @@ class Call:
         try:
             await asyncio.wait({input_task, turns_task}, return_when=asyncio.FIRST_COMPLETED)
             if turns_task.done():
-                turns_task.result()  # it only ends early by failing
-            input_task.result()
-            if self.source.hangup:
-                end_reason = self.source.end_reason or "caller_hangup"
-                if self._turn_task is not None:
-                    self._turn_task.cancel()
-            self._utterances.put_nowait(None)  # answer what was said (unless hung up), then end
-            await turns_task
+                turns_task.result()  # it ends early by failing, or when a tool ended the call
+            if self.ended_by is not None:
+                end_reason = self.ended_by[0]  # the transport acts on the event ("transfer", "end_call")
+            else:
+                input_task.result()
+                if self.source.hangup:
+                    end_reason = self.source.end_reason or "caller_hangup"
+                    if self._turn_task is not None:
+                        self._turn_task.cancel()
+                self._utterances.put_nowait(None)  # answer what was said (unless hung up), then end
+                await turns_task
+                if self.ended_by is not None:
+                    end_reason = self.ended_by[0]
         except asyncio.CancelledError:
             end_reason = "cancelled"
             raise
@@ -267,6 +282,8 @@ class Call:
             await self._one_at_a_time(self._greet(self.greeting))
         while (utterance := await self._utterances.get()) is not None:
             await self._one_at_a_time(self._turn(utterance))
+            if self.ended_by is not None:
+                return  # a tool transferred or ended the call, after its turn was spoken
 
     async def _one_at_a_time(self, coro: Any) -> None:
         """Run one turn as its own task (so a hang-up can cancel it without touching us)."""
@@ -344,7 +361,7 @@ class Call:
         try:
             await respond(self.backend, messages, self.params,
                           SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
-                          sentences, turn.timeline, turn.barge_in, turn.llm, emit)
+                          sentences, turn.timeline, turn.barge_in, turn.llm, emit, self.toolbox)
             await speaker
         finally:
             if not speaker.done():
@@ -361,11 +378,18 @@ class Call:
         """A finished turn: history gets what the caller heard; report, MQTT, callbacks."""
         assert self.report is not None
         if turn.user_text:
-            self.history.add(turn.user_text, turn.heard_text)
+            self.history.add(turn.user_text, turn.heard_text, turn.llm.tool_messages)
         entry = self.report.add_turn(
             turn.timeline, turn.user_text, turn.agent_text, turn.heard_text, turn.interrupted, llm=turn.stats,
+            tool_calls=turn.llm.tool_calls,
         )
         entry["finish_reason"] = turn.finish_reason
+        if turn.llm.fallback:
+            entry["tool_fallback"] = True
+        if turn.llm.action is not None:
+            entry["action"] = {"action": turn.llm.action, "reason": turn.llm.action_reason}
+            self.ended_by = (turn.llm.action, turn.llm.action_reason)
+            self._emit(turn.llm.action, turn=turn.index, reason=turn.llm.action_reason)
         if turn.end_of_turn is not None:
             e = turn.end_of_turn
             entry["end_of_turn"] = {"reason": e.reason, "probability": e.probability, "pauses": e.pauses}
@@ -381,6 +405,10 @@ class Call:
             except Exception:
                 log.exception("on_turn callback failed")
         self._turn_done.set()
+
+
+def new_call_id() -> str:
+    return f"call-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 async def _settle(*tasks: asyncio.Task | asyncio.Future | None) -> None:

@@ -6,9 +6,18 @@ Schema "specvoice.call_report/1" (times in seconds):
      "end_reason", "error", "config", "models": {"llm_target", "llm_draft", "drafter", "stt", "tts"},
      "turns": [{"index", "user_text", "agent_text", "agent_text_heard", "interrupted",
                 "timeline": {event: seconds since call start}, "metrics": {metric: seconds|null},
-                "llm": GenerationStats.as_dict() | null}],
+                "llm": GenerationStats.as_dict() | null,
+                "tool_calls": [{"name", "arguments", "ok", "result", "error", "elapsed_ms", "action",
+                                "reason", "round", "start", "end" (seconds since call start)}]
+                               (only on turns that called a tool)}],
      "summary": {"turns", "metrics": {metric: {"p50", "p90", "max", "n"}},
-                 "llm": {"tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"}}}
+                 "llm": {"tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"},
+                 "tools": {"calls", "failed", "turns", "fallbacks",
+                           "voice_to_voice": {"with_tools": {...}, "without_tools": {...}}}}}
+
+A turn that runs a tool waits for it (and for a second generation) before it can speak,
+so its voice-to-voice is summarised apart from the others': one slow booking must not
+hide in, or inflate, the plain turns' percentiles.
 
 Percentiles use the nearest-rank method (the value at rank ceil(q * n) of the sorted
 samples): always an observed latency, never an interpolation between two turns.
@@ -46,6 +55,7 @@ __all__ = [
     "percentile",
     "report_filename",
     "summarize",
+    "summarize_tools",
     "write_report",
 ]
 
@@ -62,7 +72,7 @@ HEADLINE_METRICS: dict[str, str] = {
 }
 END_REASONS = frozenset(
     {"completed", "caller_hangup", "stop", "error", "idle_timeout", "server_shutdown", "cancelled",
-     "protocol_error"}
+     "protocol_error", "transfer", "end_call"}
 )
 _MODEL_KEYS = ("llm_target", "llm_draft", "drafter", "stt", "tts")
 _ROUND = 6  # microseconds are plenty for latencies
@@ -120,8 +130,11 @@ class CallReport:
         agent_text_heard: str | None = None,
         interrupted: bool = False,
         llm: GenerationStats | dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """Record a finished turn; returns its report entry (what MQTT publishes too)."""
+        """Record a finished turn; returns its report entry (what MQTT publishes too).
+        `tool_calls` carry their start/end on the monotonic clock; the entry has them as
+        seconds since the call start, like the timeline."""
         if isinstance(llm, GenerationStats):
             llm = llm.as_dict()
         turn = {
@@ -134,8 +147,17 @@ class CallReport:
             "metrics": {k: _r(v) for k, v in compute_metrics(timeline).items()},
             "llm": llm,
         }
+        if tool_calls:
+            turn["tool_calls"] = [self._tool_call(c) for c in tool_calls]
         self.turns.append(turn)
         return turn
+
+    def _tool_call(self, call: dict[str, Any]) -> dict[str, Any]:
+        out = dict(call)
+        for key in ("start", "end"):
+            if out.get(key) is not None:
+                out[key] = _r(out[key] - self.t0)
+        return out
 
     def finish(self, end_reason: str, error: str | BaseException | None = None) -> None:
         """Close the report. The first call wins: a later 'error' cannot rewrite a hangup."""
@@ -204,7 +226,30 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         "tokens_per_s": round(tokens / total_s, 3) if total_s > 0 else 0.0,
     }
-    return {"turns": len(turns), "metrics": metrics, "llm": llm}
+    return {"turns": len(turns), "metrics": metrics, "llm": llm, "tools": summarize_tools(turns)}
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"p50": _r(percentile(values, 0.5)), "p90": _r(percentile(values, 0.9)),
+            "max": _r(max(values)) if values else None, "n": len(values)}
+
+
+def summarize_tools(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tool calls made, failed, turns with a call, fallbacks spoken; and voice-to-voice
+    for the turns with a tool call apart from the turns without one."""
+    calls = [c for t in turns for c in t.get("tool_calls") or []]
+    v2v: dict[bool, list[float]] = {True: [], False: []}
+    for t in turns:
+        value = (t.get("metrics") or {}).get("voice_to_voice")
+        if value is not None:
+            v2v[bool(t.get("tool_calls"))].append(value)
+    return {
+        "calls": len(calls),
+        "failed": sum(1 for c in calls if not c.get("ok")),
+        "turns": sum(1 for t in turns if t.get("tool_calls")),
+        "fallbacks": sum(1 for t in turns if t.get("tool_fallback")),
+        "voice_to_voice": {"with_tools": _spread(v2v[True]), "without_tools": _spread(v2v[False])},
+    }
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")

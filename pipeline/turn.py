@@ -48,6 +48,16 @@ class LLMResult:
     stats: GenerationStats | None = None
     passes_at_barge_in: int | None = None  # target passes done when the caller barged in
     error: str | None = None
+    # Tools (pipeline/stages/tools_step.py): one dict per call (name, arguments, ok, result,
+    # error, elapsed_ms, action, reason, round, and its start/end on the monotonic clock);
+    # the assistant tool-call and tool-result messages, for the history; the call-level
+    # action a tool asked for ("transfer", "end_call") and why; whether the fixed fallback
+    # sentence was spoken because the tools could not do what was asked.
+    tool_calls: list[dict] = field(default_factory=list)
+    tool_messages: list[dict] = field(default_factory=list)
+    action: str | None = None
+    action_reason: str | None = None
+    fallback: bool = False
 
 
 @dataclass
@@ -123,24 +133,33 @@ class History:
     budget_tokens: int
     count_tokens: Callable[[list[dict]], int]
     exchanges: list[tuple[str, str]] = field(default_factory=list)
+    # The tool-call and tool-result messages of each exchange (aligned with `exchanges`):
+    # a booking made stays known to the model, even when the caller barged in over its answer.
+    steps: list[tuple[dict, ...]] = field(default_factory=list)
     dropped: int = 0
 
-    def add(self, user_text: str, agent_text: str) -> None:
+    def add(self, user_text: str, agent_text: str, steps: tuple[dict, ...] | list[dict] = ()) -> None:
         self.exchanges.append((user_text, agent_text))
+        self.steps.append(tuple(steps))
 
     def add_agent(self, agent_text: str) -> None:
         """An agent line with no user line before it (the greeting)."""
-        self.exchanges.append(("", agent_text))
+        self.add("", agent_text)
 
-    @staticmethod
-    def _messages(exchanges: list[tuple[str, str]]) -> list[dict]:
+    def _messages(self) -> list[dict]:
         out = []
-        for user, agent in exchanges:
+        for (user, agent), steps in zip(self.exchanges, self._aligned_steps()):
             if user:
                 out.append({"role": "user", "content": user})
+            out.extend(steps)
             if agent:
                 out.append({"role": "assistant", "content": agent})
         return out
+
+    def _aligned_steps(self) -> list[tuple[dict, ...]]:
+        # `exchanges` may have been filled directly (tests, old callers): no steps for those.
+        pad = len(self.exchanges) - len(self.steps)
+        return [()] * pad + self.steps if pad >= 0 else self.steps[-pad:]
 
     def messages(self, user_text: str) -> list[dict]:
         """The prompt for a new user message, trimming old exchanges to fit the budget."""
@@ -148,9 +167,11 @@ class History:
         base = self.count_tokens(system)
         user = [{"role": "user", "content": user_text}]
         while self.exchanges:
-            msgs = system + self._messages(self.exchanges) + user
+            msgs = system + self._messages() + user
             if self.count_tokens(msgs) - base <= self.budget_tokens:
                 return msgs
             self.exchanges.pop(0)
+            if len(self.steps) > len(self.exchanges):
+                self.steps.pop(0)
             self.dropped += 1
         return system + user

@@ -5,25 +5,33 @@ The backend streams one TokenGroup per target pass; the splitter declares a sent
 soon as the text received proves it. A barge-in is passed to the backend as its cancel
 event (the engine stops between passes) and ends the stream here; what was pending is
 then not spoken. A failing model ends the turn with what it said so far and the error.
+
+With a tool box the turn may take several rounds (stages/tools_step.py): each round's
+text goes through a `ToolCallFilter`, so a tool call's tokens are never spoken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from llm.types import SamplingParams
+from llm.tool_calls import ToolCallFilter, ToolCallParse
+from llm.types import GenerationStats, SamplingParams
 from pipeline.ports import LLMBackend
 from pipeline.sentences import SentenceSplitter
+from pipeline.stages.tools_step import tool_turn
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import BargeIn, LLMResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["respond"]
+__all__ = ["AnswerStream", "merge_stats", "respond"]
 
 
 async def respond(
@@ -36,35 +44,25 @@ async def respond(
     barge_in: BargeIn,
     result: LLMResult,
     emit: Callable[..., None] = lambda kind, **data: None,
+    toolbox: Any | None = None,
 ) -> LLMResult:
     """Stream the answer; put each sentence into `sentences`, then None. Fills `result` as
-    it goes (text, sentences, finish reason, stats, passes at a barge-in, error), so that a
-    hang-up mid-answer still leaves what was said; returns it."""
-    before = backend.last_stats  # the previous generation's: ours is the next one to appear
+    it goes (text, sentences, finish reason, stats, passes at a barge-in, error, tool calls),
+    so that a hang-up mid-answer still leaves what was said; returns it. With `toolbox`
+    (pipeline.tools.ToolBox) the model may call tools between rounds."""
+    answer = AnswerStream(backend, params, splitter, sentences, timeline, barge_in, result, emit)
 
     async def note_barge_in() -> None:
         await barge_in.event.wait()
-        live = backend.last_stats
-        result.passes_at_barge_in = live.passes if live is not None and live is not before else 0
+        result.passes_at_barge_in = answer.passes_so_far()
 
     watcher = asyncio.create_task(note_barge_in())
     timeline.mark("llm_request")
     try:
-        async with contextlib.aclosing(backend.stream(messages, params, barge_in.event)) as stream:
-            async for group in stream:
-                timeline.mark("first_token", min(group.timestamp, time.monotonic()))
-                result.groups += 1
-                if group.finish_reason:
-                    result.finish_reason = group.finish_reason
-                if not group.text or barge_in.fired:
-                    continue
-                result.text += group.text
-                emit("llm_text", text=group.text)
-                for sentence in splitter.feed(group.text):
-                    _hand(sentence, result, sentences, timeline, emit)
-        if not barge_in.fired:
-            for sentence in splitter.flush():
-                _hand(sentence, result, sentences, timeline, emit)
+        if toolbox is None:
+            await answer.round(messages)
+        else:
+            await tool_turn(answer, messages, toolbox)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -72,22 +70,110 @@ async def respond(
         log.exception("LLM failed mid-answer")
         result.error = f"llm: {type(exc).__name__}: {exc}"
         result.finish_reason = "error"
-        for sentence in splitter.flush():
-            _hand(sentence, result, sentences, timeline, emit)
+        answer.flush()
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-        stats = backend.last_stats
-        result.stats = stats if stats is not before else None
+        answer.close_round()
+        result.stats = merge_stats(answer.rounds)
         if "first_token" in timeline:
             timeline.mark("llm_done")
         sentences.put_nowait(None)
     return result
 
 
-def _hand(sentence: str, result: LLMResult, sentences: asyncio.Queue, timeline: TurnTimeline,
-          emit: Callable[..., None]) -> None:
-    timeline.mark("first_sentence")
-    result.sentences.append(sentence)
-    sentences.put_nowait(sentence)
-    emit("sentence", text=sentence)
+@dataclass
+class AnswerStream:
+    """One turn's LLM output on its way to the speaker, over one or more rounds
+    (generations): text -> (tool-call filter) -> splitter -> sentence queue."""
+
+    backend: LLMBackend
+    params: SamplingParams
+    splitter: SentenceSplitter
+    sentences: asyncio.Queue
+    timeline: TurnTimeline
+    barge_in: BargeIn
+    result: LLMResult
+    emit: Callable[..., None]
+    rounds: list[GenerationStats] = field(default_factory=list)  # one per finished generation
+    _before: Any = None  # the backend's stats before the live round: ours is the next to appear
+    _live: bool = False
+
+    async def round(self, messages: list[dict], filt: ToolCallFilter | None = None) -> tuple[str, ToolCallParse]:
+        """Generate once; speak what may be spoken (the end of the round flushes the
+        splitter: the caller hears "Let me check" before a tool runs). Returns the round's
+        speakable text and what the filter held back."""
+        self._before, self._live = self.backend.last_stats, True
+        said = []
+        try:
+            async with contextlib.aclosing(self.backend.stream(messages, self.params, self.barge_in.event)) as stream:
+                async for group in stream:
+                    self.timeline.mark("first_token", min(group.timestamp, time.monotonic()))
+                    self.result.groups += 1
+                    if group.finish_reason:
+                        self.result.finish_reason = group.finish_reason
+                    if not group.text or self.barge_in.fired:
+                        continue
+                    said.append(self.say(filt.feed(group.text) if filt is not None else group.text))
+            parse = ToolCallParse()
+            if filt is not None:
+                tail, parse = filt.finish()
+                if not self.barge_in.fired:
+                    said.append(self.say(tail))
+            if not self.barge_in.fired:
+                self.flush()
+            return "".join(said), parse
+        finally:
+            self.close_round()
+
+    def close_round(self) -> None:
+        if self._live:
+            stats = self.backend.last_stats
+            if stats is not None and stats is not self._before:
+                self.rounds.append(stats)
+            self._live = False
+
+    def passes_so_far(self) -> int:
+        done = sum(s.passes for s in self.rounds)
+        live = self.backend.last_stats
+        return done + (live.passes if self._live and live is not None and live is not self._before else 0)
+
+    def say(self, text: str) -> str:
+        if text:
+            self.result.text += text
+            self.emit("llm_text", text=text)
+            for sentence in self.splitter.feed(text):
+                self._hand(sentence)
+        return text
+
+    def flush(self) -> None:
+        for sentence in self.splitter.flush():
+            self._hand(sentence)
+
+    def line(self, sentence: str) -> None:
+        """A fixed sentence of ours (not the model's), spoken after whatever is pending."""
+        self.flush()
+        self.result.text += (" " if self.result.text and not self.result.text.endswith(" ") else "") + sentence
+        self._hand(sentence)
+
+    def _hand(self, sentence: str) -> None:
+        self.timeline.mark("first_sentence")
+        self.result.sentences.append(sentence)
+        self.sentences.put_nowait(sentence)
+        self.emit("sentence", text=sentence)
+
+
+def merge_stats(rounds: list[GenerationStats]) -> GenerationStats | None:
+    """One turn's stats over its rounds: counters and times add up, TTFT is the first
+    round's (the caller's wait), the gammas follow each other."""
+    if len(rounds) <= 1:
+        return rounds[0] if rounds else None
+    total = GenerationStats()
+    for f in dataclasses.fields(GenerationStats):
+        if f.name == "ttft_s":
+            total.ttft_s = rounds[0].ttft_s
+        elif f.name == "gammas":
+            total.gammas = [g for s in rounds for g in s.gammas]
+        else:
+            setattr(total, f.name, sum(getattr(s, f.name) for s in rounds))
+    return total

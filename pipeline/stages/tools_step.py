@@ -1,0 +1,131 @@
+"""The tool step of a turn: generate, run the tool calls the model wrote, feed their
+results back, generate again; at most `MAX_ROUNDS` tool rounds.
+
+    round 0: "Let me check." <tool_call>{"name": "check_slots", ...}</tool_call>   (the tags unheard)
+             -> ToolBox.run in a worker thread -> assistant tool-call message + tool message
+    round 1: "Tuesday at nine is free. Shall I book it?"
+
+A call that fails (bad JSON, unknown tool, wrong arguments, the tool's own error: a
+ToolOutcome with ok False) is fed back to the model once as the tool's result; a second
+failing round, or a model still calling tools after MAX_ROUNDS, ends the turn with the
+fixed FALLBACK sentence: never a crash, never a silent success. A barge-in stops the loop
+between rounds (a tool already running finishes: a booking is not torn in half). A tool
+outcome with an action ("transfer", "end_call") is recorded on the turn; the call acts on
+it once the turn has been spoken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from llm.tool_calls import ToolCall, ToolCallFilter, ToolCallParse
+
+if TYPE_CHECKING:
+    from pipeline.stages.respond import AnswerStream
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "ToolRunner", "tool_turn"]
+
+MAX_ROUNDS = 3
+FALLBACK = "Sorry, I couldn't do that. Let me take a message instead."
+# Said when a tool ended the call and the model, given the result, said nothing more.
+ACTION_LINES = {"transfer": "Let me transfer you now.", "end_call": "Goodbye."}
+
+
+class ToolRunner(Protocol):
+    """What the turn needs of pipeline.tools.ToolBox: run one call, never raise."""
+
+    def run(self, name: str, arguments: str | dict) -> Any: ...  # -> ToolOutcome
+
+
+async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner,
+                    max_rounds: int = MAX_ROUNDS) -> None:
+    result, barge_in = answer.result, answer.barge_in
+    messages = list(messages)
+    failures = 0
+    for n in range(max_rounds + 1):
+        said, parse = await answer.round(messages, ToolCallFilter())
+        if barge_in.fired or not parse.found or result.finish_reason in ("cancelled", "error"):
+            break
+        if n == max_rounds:
+            _record_refused(result, parse, n, f"more than {max_rounds} tool rounds in one turn")
+            _fall_back(answer)
+            return
+        step, ok = await _run_round(said, parse, toolbox, n, answer)
+        messages = messages + step  # a new list: a backend may keep the one it was given
+        result.tool_messages += step
+        if barge_in.fired:
+            return
+        if not ok:
+            failures += 1
+            if failures >= 2:
+                _fall_back(answer)
+                return
+    if result.action and not barge_in.fired and not said.strip():
+        answer.line(ACTION_LINES.get(result.action, ACTION_LINES["end_call"]))
+
+
+async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: int,
+                     answer: AnswerStream) -> tuple[list[dict], bool]:
+    """Run one round's calls; returns (the messages to append, all calls succeeded)."""
+    result, emit = answer.result, answer.emit
+    if parse.error is not None:
+        # No call to run: the model gets its own text back with what was wrong with it.
+        t = time.monotonic()
+        result.tool_calls.append(_entry(None, parse.raw, False, None, parse.error, 0.0, None, None, n, t, t))
+        emit("tool_call", name=None, ok=False, error=parse.error)
+        return [{"role": "assistant", "content": (said.rstrip() + "\n" + parse.raw).strip()},
+                {"role": "tool", "content": json.dumps({"error": parse.error}, ensure_ascii=False)}], False
+    ids = [f"call_{len(result.tool_calls) + i}" for i in range(len(parse.calls))]
+    step: list[dict] = [{"role": "assistant", "content": said.strip(),
+                         "tool_calls": [{"id": i, **c.message()} for i, c in zip(ids, parse.calls)]}]
+    ok_all = True
+    for call_id, call in zip(ids, parse.calls):
+        entry = await _run_one(call, toolbox, n, emit)
+        result.tool_calls.append(entry)
+        ok_all &= entry["ok"]
+        if entry["ok"] and entry["action"] and result.action is None:
+            result.action, result.action_reason = entry["action"], entry["reason"]
+        content = entry["result"] if entry["ok"] else {"error": entry["error"]}
+        step.append({"role": "tool", "tool_call_id": call_id, "name": call.name,
+                     "content": json.dumps(content, ensure_ascii=False, default=str)})
+    return step, ok_all
+
+
+async def _run_one(call: ToolCall, toolbox: ToolRunner, n: int, emit: Any) -> dict:
+    emit("tool_call", name=call.name, arguments=call.arguments)
+    start = time.monotonic()
+    try:
+        o = await asyncio.to_thread(toolbox.run, call.name, call.arguments)
+        entry = _entry(o.name, o.arguments, o.ok, o.result, o.error, o.elapsed_ms, o.action, o.reason,
+                       n, start, time.monotonic())
+    except Exception as exc:  # the tool box promises not to raise; a turn must survive if it does
+        log.exception("tool %s raised", call.name)
+        end = time.monotonic()
+        entry = _entry(call.name, call.arguments, False, None, f"{type(exc).__name__}: {exc}",
+                       (end - start) * 1000, None, None, n, start, end)
+    emit("tool_result", name=entry["name"], ok=entry["ok"], error=entry["error"], elapsed_ms=entry["elapsed_ms"])
+    return entry
+
+
+def _entry(name: str | None, arguments: Any, ok: bool, result: Any, error: str | None, elapsed_ms: float,
+           action: str | None, reason: str | None, n: int, start: float, end: float) -> dict:
+    return {"name": name, "arguments": arguments, "ok": bool(ok), "result": result, "error": error,
+            "elapsed_ms": round(float(elapsed_ms), 3), "action": action, "reason": reason,
+            "round": n, "start": start, "end": end}
+
+
+def _record_refused(result: Any, parse: ToolCallParse, n: int, why: str) -> None:
+    t = time.monotonic()
+    names = ", ".join(c.name for c in parse.calls) or None
+    result.tool_calls.append(_entry(names, parse.raw, False, None, f"not run: {why}", 0.0, None, None, n, t, t))
+
+
+def _fall_back(answer: AnswerStream) -> None:
+    answer.result.fallback = True
+    answer.line(FALLBACK)
