@@ -238,10 +238,16 @@ async def test_barge_in_while_the_tool_runs_keeps_the_booking_and_stops(store):
 
 
 async def test_transfer_is_an_action_on_the_turn(store):
-    backend = ScriptedBackend(reply=rounds(call("transfer_to_human", reason="billing question"), ""))
+    backend = ScriptedBackend(reply=rounds(call("transfer_to_human", reason="billing question"), "Billing."))
     result, spoken, _ = await turn(backend, Box(store))
     assert result.action == "transfer" and result.action_reason == "billing question"
-    assert spoken == ["Let me transfer you now."]  # the model said nothing more: a fixed line
+    assert spoken == ["Let me transfer you now."] and backend.opened == 1  # a fixed line, no second round
+
+
+async def test_end_call_after_a_goodbye_adds_nothing(store):
+    backend = ScriptedBackend(reply=rounds("Thanks for calling, goodbye! " + call("end_call"), "Bye."))
+    result, spoken, _ = await turn(backend, Box(store))
+    assert result.action == "end_call" and spoken == ["Thanks for calling, goodbye!"] and backend.opened == 1
 
 
 # ---------------------------------------------------------------- the call

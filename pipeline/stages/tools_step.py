@@ -10,8 +10,10 @@ ToolOutcome with ok False) is fed back to the model once as the tool's result; a
 failing round, or a model still calling tools after MAX_ROUNDS, ends the turn with the
 fixed FALLBACK sentence: never a crash, never a silent success. A barge-in stops the loop
 between rounds (a tool already running finishes: a booking is not torn in half). A tool
-outcome with an action ("transfer", "end_call") is recorded on the turn; the call acts on
-it once the turn has been spoken.
+outcome with an action ("transfer", "end_call") ends the loop: the turn says a fixed line
+(ACTION_LINES) unless the model already spoke in it, and the call acts once the turn has
+been spoken. No round after it: given the transfer result, the 1.5B echoed the reason back
+("I need help with my bill"); a fixed line is right every time and costs no generation.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ __all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "ToolRunner", "tool_turn"]
 
 MAX_ROUNDS = 3
 FALLBACK = "Sorry, I couldn't do that. Let me take a message instead."
-# Said when a tool ended the call and the model, given the result, said nothing more.
+# Said when a tool ends the call and the model said nothing in the turn before calling it.
 ACTION_LINES = {"transfer": "Let me transfer you now.", "end_call": "Goodbye."}
 
 
@@ -61,13 +63,15 @@ async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         result.tool_messages += step
         if barge_in.fired:
             return
+        if result.action is not None:
+            if not result.sentences:
+                answer.line(ACTION_LINES.get(result.action, ACTION_LINES["end_call"]))
+            return
         if not ok:
             failures += 1
             if failures >= 2:
                 _fall_back(answer)
                 return
-    if result.action and not barge_in.fired and not said.strip():
-        answer.line(ACTION_LINES.get(result.action, ACTION_LINES["end_call"]))
 
 
 async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: int,
