@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import statistics
 import time
 
@@ -393,7 +394,9 @@ async def test_disconnect_cancels_a_stuck_handler():
         await wait_for(lambda: not bridge.calls, 10, "the call to be dropped")
 
 
-async def test_handler_ending_hangs_up_after_audio_drained():
+async def test_handler_ending_hangs_up_after_audio_drained(caplog):
+    caplog.set_level(logging.INFO)
+
     async def greeter(call: TelephonyCall) -> None:
         call.output.play(mulaw_chunk(b"\xff" * 800))  # 100 ms
         call.output.mark("bye")
@@ -407,6 +410,10 @@ async def test_handler_ending_hangs_up_after_audio_drained():
                     kinds.append(type(await recv_outbound(ws)).__name__)
             assert kinds == ["OutboundMedia"] * 5 + ["OutboundMark"]
             assert ws.close_code == 1000 and ws.close_reason == "call ended"
+    # The server has stopped (its handlers finished): the call's closing line was logged,
+    # and nothing after the hang-up failed (a stats field read at the end once raised there).
+    assert re.search(r"call \S+ ended: \d+ media in, 5 frames out, \d+ late, \d+ marks echoed", caplog.text)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 # ---------------------------------------------------------------- TelephonyCall alone

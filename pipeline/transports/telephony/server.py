@@ -509,7 +509,7 @@ class Bridge:
             s = call.stats
             log.info(
                 "call %s ended: %d media in, %d frames out, %d late, %d marks echoed",
-                call.stream_sid, s.media_received, s.frames_sent, s.late_frames, s.marks_echoed,
+                call.stream_sid, s.media_received, s.frames_sent, call.output.stats.late_frames, s.marks_echoed,
             )
 
 
