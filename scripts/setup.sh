@@ -5,11 +5,15 @@
 # - Debian packages, system-wide (apt-get, as root or with sudo), only those missing:
 #   libsndfile1 and libportaudio2 (audio I/O), mosquitto (the MQTT broker the tests
 #   start on loopback), chromium + chromium-driver (the report page's browser tests),
-#   espeak-ng (a second voice for the spoken test lines).
+#   espeak-ng (a second voice for the spoken test lines); for the tests only
+#   (SPECVOICE_SETUP_TESTS=1, set by scripts/test.sh), postgresql-15 (the server binaries
+#   and `postgres` user the booking store's tests start a throw-away server with).
 # - Python packages into a virtual environment: the active one if any ($VIRTUAL_ENV),
 #   else ./.venv in the checkout (created here): CPU torch first (`pip install
 #   torch==2.13.0`; a bare `torch` would pull a multi-GB CUDA build), then this project,
-#   editable, with its test extras (`pip install -e '.[test]'`), then `pip check`.
+#   editable, with its test extras (`pip install -e '.[test]'`: pytest, hypothesis, jiwer,
+#   psycopg, and xllamacpp, the llama.cpp server the OpenAI backend is tested against),
+#   then `pip check`.
 # Models are not installed here: `specvoice models pull` puts them in $SPECVOICE_HOME
 # (default ~/.cache/specvoice).
 set -euo pipefail
@@ -23,6 +27,9 @@ command -v chromium >/dev/null || _need_apt+=(chromium chromium-driver)
 command -v espeak-ng >/dev/null || _need_apt+=(espeak-ng)
 ldconfig -p 2>/dev/null | grep -q libsndfile || _need_apt+=(libsndfile1)
 ldconfig -p 2>/dev/null | grep -q libportaudio || _need_apt+=(libportaudio2)
+if [ "${SPECVOICE_SETUP_TESTS:-0}" = "1" ] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+  _need_apt+=(postgresql-15)
+fi
 if [ ${#_need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   echo "[setup] apt-get install ${_need_apt[*]} (system packages)"
   $_sudo apt-get update -qq >/dev/null

@@ -24,7 +24,7 @@ from pipeline.bookings import (
     DEFAULT_DATABASE, MIGRATIONS, BookingStore, DatabaseError, Migration, NoSuchBooking, Slot, SlotUnavailable,
     open_store, slot_day,
 )
-from test_bookings_postgres import SLOTS, new_database, postgres_cluster, unavailable_reason
+from test_bookings_postgres import SLOTS, new_database, postgres_cluster, skip_or_fail, unavailable_reason
 
 TUESDAY, WEDNESDAY, FRIDAY = SLOTS
 STRANGE_NAME = "  Zoë O'Néill-Ngũgĩ 李 (spelled Z-O-E) "  # stored exactly as given, spaces included
@@ -35,7 +35,7 @@ MP = multiprocessing.get_context("spawn")  # a child opens its own connection; n
 def pg_server():
     reason = unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     with postgres_cluster() as url:
         yield url
 

@@ -5,7 +5,9 @@ on 127.0.0.1 and a free port, as the `postgres` user when the tests run as root 
 server refuses root), and stops it and deletes the folder afterwards. tests/test_bookings.py
 runs every store test against it as well as against SQLite.
 
-Skipped, with the reason, only when psycopg or the server binaries are not installed.
+Skipped, with the reason, only when psycopg or the server binaries are not installed;
+SPECVOICE_REQUIRE_POSTGRES=1 (set by scripts/test.sh, whose set-up installs both) turns that
+skip into a failure.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ import pytest
 
 from pipeline.bookings import DatabaseError, describe_database, open_store
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+def _server_bin() -> Path:
+    """Debian's newest installed server (/usr/lib/postgresql/<major>/bin), or where 15 would be."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name)
+                   if p.parent.parent.name.isdigit() else 0)
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+PG_BIN = _server_bin()
 SLOTS = ["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno", "Friday 9:00 a.m. with Dr. Patel"]
 
 
@@ -40,6 +49,13 @@ def unavailable_reason() -> str | None:
         if not (PG_BIN / tool).is_file():
             return f"PostgreSQL server binaries not found ({PG_BIN / tool}; apt-get install postgresql)"
     return None
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip without a server, unless SPECVOICE_REQUIRE_POSTGRES=1 says it must be there."""
+    if os.environ.get("SPECVOICE_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"{reason} (SPECVOICE_REQUIRE_POSTGRES=1)")
+    pytest.skip(reason)
 
 
 def _free_port() -> int:
@@ -100,7 +116,7 @@ def new_database(server: str) -> str:
 def pg_server():
     reason = unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     with postgres_cluster() as url:
         yield url
 
@@ -145,7 +161,7 @@ def test_an_unreachable_server_is_a_clear_error_without_the_password():
     port = _free_port()  # nothing listens there
     url = f"postgresql://agent:s3cret@127.0.0.1:{port}/bookings"
     if unavailable_reason() and "psycopg" in unavailable_reason():
-        pytest.skip(unavailable_reason())
+        skip_or_fail(unavailable_reason())
     with pytest.raises(DatabaseError) as info:
         open_store(url)
     message = str(info.value)
