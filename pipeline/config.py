@@ -220,6 +220,34 @@ class ConfigError(ValueError):
     """A config file that is missing, unreadable or invalid."""
 
 
+def _read_with_base(path: Path, seen: tuple[Path, ...]) -> dict:
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
+        raise ConfigError(f"config file not found: {path} (built-in configs: {known})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"invalid config {path}: base must be a config name or a path, e.g. base = \"default\"")
+    base_path = Path(base)
+    if base_path.suffix and not base_path.is_absolute():
+        base_path = path.parent / base_path  # a file beside this one
+    base_path = config_path(base_path if base_path.suffix else base)
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise ConfigError(f"invalid config {path}: base {base!r} leads back to itself")
+    merged = _read_with_base(base_path, (*seen, path.resolve()))
+    for section, value in data.items():
+        if isinstance(value, dict) and isinstance(merged.get(section), dict) and section != "business":
+            merged[section] = {**merged[section], **value}
+        else:
+            merged[section] = value
+    return merged
+
+
 def config_path(name_or_path: str | Path | None) -> Path:
     """`None` -> configs/default.toml; a bare name like "gpu" -> configs/gpu.toml; else a path."""
     if name_or_path is None:
@@ -231,14 +259,13 @@ def config_path(name_or_path: str | Path | None) -> Path:
 
 
 def load_config(name_or_path: str | Path | None = None) -> Config:
+    """A config file, validated. A top-level `base = "default"` (a built-in name, or a path
+    relative to the file) starts from that config: each section's keys override the base's,
+    and a [business] section replaces the base's whole (one business's prices or hours must
+    not leak into another's). So a file with `base = "default"` and a [business] is a full
+    config for your own business on the default models."""
     path = config_path(name_or_path)
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
-        raise ConfigError(f"config file not found: {path} (built-in configs: {known})")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    data = _read_with_base(path, ())
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

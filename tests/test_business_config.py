@@ -197,3 +197,59 @@ def test_paragraph_layout_is_the_old_single_paragraph():
     facts = p.split("\n\n")[1]
     assert facts.startswith("Facts: address 42 Harbor Street") and "\n" not in facts
     assert "Hours: Monday to Friday 8 a.m. to 6 p.m., Saturday 9 a.m. to 1 p.m., Sunday closed." in facts
+
+
+# ---------------------------------------------------------------- base = "default": your own business
+
+
+def test_a_business_file_with_base_default_is_the_default_config_for_that_business():
+    bistro = load_config(BUSINESSES / "bistro.toml")
+    default = load_config()
+    assert bistro.business == business(BUSINESSES / "bistro.toml")
+    assert "Luigi's Bistro" in bistro.agent.system_prompt and "Riverside" not in bistro.agent.system_prompt
+    assert bistro.agent.greeting.startswith("Luigi's Bistro")
+    # Everything else is the default config's (models, STT, agent options), not pydantic's defaults.
+    for section in ("llm", "stt", "tts", "vad", "turn", "bridge", "tools"):
+        assert getattr(bistro, section) == getattr(default, section), section
+    assert bistro.agent.prompt_rules == default.agent.prompt_rules
+    # The dental file is the default config exactly.
+    assert load_config(BUSINESSES / "dental.toml") == default
+
+
+def test_a_section_overrides_only_its_own_keys_and_business_replaces_whole(tmp_path):
+    default = load_config()
+    path = write(tmp_path, 'base = "default"\n[stt]\nbeam_size = 3\n' + MINIMAL)
+    config = load_config(path)
+    assert config.stt.beam_size == 3
+    assert config.stt.model == default.stt.model  # the rest of [stt] is the base's
+    # The base's dental hours, prices and slots must not leak into Luigi's.
+    assert config.business.hours is None or config.business.hours != default.business.hours
+    assert not config.business.prices and not config.business.open_slots
+    assert "$89" not in config.agent.system_prompt and "Dr. Patel" not in config.agent.system_prompt
+
+
+def test_base_may_be_a_file_beside_the_config(tmp_path):
+    (tmp_path / "shared.toml").write_text('base = "default"\n[llm]\nmax_new_tokens = 77\n')
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "shared.toml"\n' + MINIMAL)
+    config = load_config(path)
+    assert config.llm.max_new_tokens == 77 and config.business.name == "Luigi's Bistro"
+    assert config.stt.model == load_config().stt.model
+
+
+@pytest.mark.parametrize("base, message", [
+    ('"nonexistent"', "config file not found"),
+    ("3", "base must be a config name or a path"),
+    ('"agent.toml"', "leads back to itself"),
+])
+def test_a_bad_base_is_a_clear_error(tmp_path, base, message):
+    path = write(tmp_path, f"base = {base}\n" + MINIMAL)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_a_base_cycle_is_an_error(tmp_path):
+    (tmp_path / "a.toml").write_text('base = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('base = "a.toml"\n')
+    with pytest.raises(ConfigError, match="leads back to itself"):
+        load_config(tmp_path / "a.toml")
