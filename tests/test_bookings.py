@@ -24,20 +24,11 @@ from pipeline.bookings import (
     DEFAULT_DATABASE, MIGRATIONS, BookingStore, DatabaseError, Migration, NoSuchBooking, Slot, SlotUnavailable,
     open_store, slot_day,
 )
-from test_bookings_postgres import SLOTS, new_database, postgres_cluster, skip_or_fail, unavailable_reason
+from test_bookings_postgres import SLOTS, new_database, pg_server  # noqa: F401 (pg_server: the shared fixture)
 
 TUESDAY, WEDNESDAY, FRIDAY = SLOTS
 STRANGE_NAME = "  Zoë O'Néill-Ngũgĩ 李 (spelled Z-O-E) "  # stored exactly as given, spaces included
 MP = multiprocessing.get_context("spawn")  # a child opens its own connection; nothing inherited
-
-
-@pytest.fixture(scope="module")
-def pg_server():
-    reason = unavailable_reason()
-    if reason:
-        skip_or_fail(reason)
-    with postgres_cluster() as url:
-        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
