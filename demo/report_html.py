@@ -4,6 +4,12 @@ The page has no external resources and no JavaScript: inline CSS, SVG drawn here
 Everything that comes from a report (transcripts above all: a caller may say anything)
 goes through `esc`; numbers carry `data-*` attributes with their exact JSON value so
 tests and scripts can read them back from the DOM.
+
+Tool calls (issue 15) appear three times: as bars in the turn's waterfall (a failed call
+red, its error in the tooltip), as a table under the waterfall (name, arguments, result or
+error, ms), and in a "Tools" summary with voice to voice for turns with a tool call apart
+from the others. Tool arguments carry what the caller said (a name stored as heard), so
+they are escaped like transcripts.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ SEGMENTS = [
     ("TTS first audio", "first_sentence", ("tts_first_audio",), "#8719e0"),
     ("playback", "first_audio_out", ("barge_in", "playback_done"), "#3ebd93"),
 ]
+TOOL_OK_COLOUR = "#0b7285"
+TOOL_FAILED_COLOUR = "#d64545"
+# A tool's result can be a long list of slots: the table shows this much, the JSON has all.
+TOOL_TEXT_MAX = 2000
 
 
 def esc(value: Any) -> str:
@@ -93,6 +103,50 @@ def llm_summary(report: dict) -> dict[str, Any]:
     return _dict(_dict(report.get("summary")).get("llm"))
 
 
+def tool_calls(turn: dict) -> list[dict]:
+    return [c for c in turn.get("tool_calls") or [] if isinstance(c, dict)]
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
+            "max": max(values) if values else None, "n": len(values)}
+
+
+def tools_summary(report: dict) -> dict[str, Any]:
+    """summary.tools as pipeline.report writes it; computed from the turns when the file
+    has none (and tolerant of odd values there, unlike the writer, which makes them)."""
+    given = _dict(_dict(report.get("summary")).get("tools"))
+    if given:
+        return given
+    calls = [c for t in turns(report) for c in tool_calls(t)]
+    v2v: dict[bool, list[float]] = {True: [], False: []}
+    for t in turns(report):
+        if (v := num(_dict(t.get("metrics")).get("voice_to_voice"))) is not None:
+            v2v[bool(tool_calls(t))].append(v)
+    return {"calls": len(calls), "failed": sum(1 for c in calls if not c.get("ok")),
+            "turns": sum(1 for t in turns(report) if tool_calls(t)),
+            "fallbacks": sum(1 for t in turns(report) if t.get("tool_fallback")),
+            "voice_to_voice": {"with_tools": _spread(v2v[True]), "without_tools": _spread(v2v[False])}}
+
+
+def uses_tools(report: dict) -> bool:
+    return bool(num(tools_summary(report).get("calls"))) or any(tool_calls(t) for t in turns(report))
+
+
+def _tool_name(call: dict) -> str:
+    # None when the model's call could not even be parsed: the row must still say so.
+    name = call.get("name")
+    return "(unparsed call)" if name is None or name == "" else str(name)
+
+
+def _tool_json(value: Any) -> str:
+    """Arguments / result as the model saw them: raw text stays text, the rest JSON."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= TOOL_TEXT_MAX else text[: TOOL_TEXT_MAX - 1] + "…"
+
+
 # ---------------------------------------------------------------- text
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -114,7 +168,7 @@ def text_summary(report: dict) -> str:
     ]
     if report.get("error"):
         lines.append(f"error: {_plain(report.get('error'), 200)}")
-    if models:
+    if any(models.values()):
         lines.append("models: " + ", ".join(f"{k} {_plain(v, 48)}" for k, v in models.items() if v))
     lines.append(f"{'metric (s)':<18}{'p50':>8}{'p90':>8}{'max':>8}{'n':>5}")
     for metric, stats in metric_summary(report).items():
@@ -128,14 +182,32 @@ def text_summary(report: dict) -> str:
             f"{fmt(llm.get('tokens_per_pass'), 2)} tokens/pass, acceptance {fmt(llm.get('acceptance_rate'), 2)}, "
             f"{fmt(llm.get('tokens_per_s'), 1)} tokens/s"
         )
+    if uses_tools(report):
+        lines.append(_text_tools(report))
     for t in turns(report)[:12]:
         m = _dict(t.get("metrics"))
         flag = " [interrupted]" if t.get("interrupted") else ""
+        if tool_calls(t):
+            names = ", ".join(_tool_name(c) + ("" if c.get("ok") else " FAILED") for c in tool_calls(t))
+            flag += f" [tools: {_plain(names, 60)}]"
         lines.append(f"  #{_plain(t.get('index'))} v2v {fmt(m.get('voice_to_voice'))}  "
                      f"user: {_plain(t.get('user_text'), 40)!s} -> agent: {_plain(t.get('agent_text'), 40)}{flag}")
     if len(turns(report)) > 12:
         lines.append(f"  ... {len(turns(report)) - 12} more turns")
     return "\n".join(lines)
+
+
+def _text_tools(report: dict) -> str:
+    tools = tools_summary(report)
+    v2v = _dict(tools.get("voice_to_voice"))
+
+    def spread(key: str) -> str:
+        d = _dict(v2v.get(key))
+        return f"{fmt(d.get('p50'))} / {fmt(d.get('p90'))} s (n {fmt(d.get('n'))})"
+
+    return (f"tools: {fmt(tools.get('calls'))} calls, {fmt(tools.get('failed'))} failed, in {fmt(tools.get('turns'))} "
+            f"turns, {fmt(tools.get('fallbacks'))} fallbacks; voice to voice p50 / p90 with tools "
+            f"{spread('with_tools')}, without {spread('without_tools')}")
 
 
 def text_comparison(reports: list[dict]) -> str:
@@ -163,6 +235,32 @@ def _nice_step(span: float, target_ticks: int = 6) -> float:
     return 10 * power
 
 
+def _tool_rows(turn: dict) -> list[tuple[int, dict, float, float]]:
+    """(index in the turn's tool_calls, call, start, end) for calls with usable times."""
+    rows = []
+    for k, call in enumerate(tool_calls(turn)):
+        a, b = num(call.get("start")), num(call.get("end"))
+        if a is not None and b is not None and b >= a:
+            rows.append((k, call, a, b))
+    return rows
+
+
+def tool_ms(call: dict) -> str:
+    """The time a tool call took, as the page and the terminal show it: the tool's own
+    elapsed_ms (a database call can take well under a millisecond, hence two decimals)."""
+    return fmt(call.get("elapsed_ms"), 2)
+
+
+def _tool_title(call: dict, a: float, b: float) -> str:
+    spent = f"{tool_ms(call)} ms" if num(call.get("elapsed_ms")) is not None else f"{(b - a) * 1000:.2f} ms"
+    title = f"tool {_tool_name(call)}({_tool_json(call.get('arguments'))}): {spent}"
+    if not call.get("ok"):
+        return f"{title}; FAILED: {call.get('error') or 'no error recorded'}"
+    if call.get("action"):
+        title += f"; then {call.get('action')}" + (f" ({call.get('reason')})" if call.get("reason") else "")
+    return title
+
+
 def waterfall_svg(turn: dict, width: int = 760) -> str:
     timeline = {k: v for k, v in _dict(turn.get("timeline")).items() if num(v) is not None}
     rows = []
@@ -170,14 +268,16 @@ def waterfall_svg(turn: dict, width: int = 760) -> str:
         end = next((e for e in ends if e in timeline), None)
         if start in timeline and end is not None and timeline[end] >= timeline[start]:
             rows.append((label, start, end, float(timeline[start]), float(timeline[end]), colour))
-    if not rows:
+    tools = _tool_rows(turn)
+    if not rows and not tools:
         return '<p class="muted">no timeline for this turn</p>'
-    t0 = min(r[3] for r in rows)
-    t1 = max(r[4] for r in rows)
+    t0 = min([r[3] for r in rows] + [a for _, _, a, _ in tools])
+    t1 = max([r[4] for r in rows] + [b for _, _, _, b in tools])
     span = max(t1 - t0, 0.05)
     label_w, right, top, row_h = 130, 16, 8, 20
     plot_w = width - label_w - right
-    height = top + row_h * len(rows) + 28
+    # Room under the last row for the voice-to-voice line and its label, then the ticks.
+    height = top + row_h * (len(rows) + len(tools)) + 36
 
     def x(t: float) -> float:
         return label_w + (t - t0) / span * plot_w
@@ -200,9 +300,34 @@ def waterfall_svg(turn: dict, width: int = 760) -> str:
             f'data-segment="{esc(label)}" data-start="{a!r}" data-end="{b!r}">'
             f'<title>{esc(label)}: {b - a:.3f} s ({esc(start)} → {esc(end)})</title></rect>'
         )
+    # One row per tool call, below the stages: the call happens inside "LLM generation"
+    # (the turn waits for it before generating again), so it gets its own row to be seen.
+    for j, (k, call, a, b) in enumerate(tools):
+        y = top + (len(rows) + j) * row_h
+        w = max(x(b) - x(a), 1.5)  # a call refused before it ran has no duration: still visible
+        ok = bool(call.get("ok"))
+        name = _tool_name(call)
+        spent = f"{tool_ms(call)} ms" if num(call.get("elapsed_ms")) is not None else f"{(b - a) * 1000:.2f} ms"
+        note = spent if ok else f"✗ failed · {spent}"
+        short = name if len(name) <= 18 else name[:17] + "…"
+        title = esc(_tool_title(call, a, b))
+        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" class="label tool-label" text-anchor="end">'
+                     f'<title>{title}</title>{esc(short)}</text>')
+        parts.append(
+            f'<rect x="{x(a):.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" '
+            f'fill="{TOOL_OK_COLOUR if ok else TOOL_FAILED_COLOUR}" class="tool-bar {"ok" if ok else "failed"}" '
+            f'data-tool="{k}" data-name="{esc(name)}" data-ok="{"true" if ok else "false"}" '
+            f'data-elapsed-ms="{_data_value(call.get("elapsed_ms"))}" data-start="{a!r}" data-end="{b!r}">'
+            f"<title>{title}</title></rect>"
+        )
+        # The time beside the bar, inside the plot: left of the bar when it ends near the edge.
+        after = x(a) + w + 4
+        anchor, tx = ("start", after) if after < width - right - 90 else ("end", x(a) - 4)
+        parts.append(f'<text x="{tx:.1f}" y="{y + 14}" class="tool-note {"ok" if ok else "failed"}" '
+                     f'text-anchor="{anchor}" data-tool="{k}">{esc(note)}</text>')
     if "last_voiced" in timeline and "first_audio_out" in timeline:
         a, b = float(timeline["last_voiced"]), float(timeline["first_audio_out"])
-        y = height - 24
+        y = height - 22
         parts.append(f'<line x1="{x(a):.1f}" y1="{y}" x2="{x(b):.1f}" y2="{y}" class="v2v"/>'
                      f'<text x="{(x(a) + x(b)) / 2:.1f}" y="{y - 3}" class="v2vlabel" text-anchor="middle">'
                      f'voice to voice {b - a:.3f} s</text>')
@@ -268,6 +393,12 @@ svg .line{fill:none;stroke:#2680c2;stroke-width:2}svg .point{fill:#2680c2}svg .p
 .transcript .agent{background:#e6f6ff}.unheard{color:#9aa5b1;text-decoration:line-through}
 .badge{display:inline-block;background:#ffe3e3;color:#ab091e;border-radius:4px;padding:0 6px;font-size:12px;margin-left:6px}
 pre{background:#f5f7fa;padding:8px;overflow:auto;font-size:12px}
+svg .tool-note{font-size:10px}svg .tool-note.failed{fill:#ab091e;font-weight:600}
+table.tool-calls{width:100%;table-layout:fixed}table.tool-calls td,table.tool-calls th{text-align:left;vertical-align:top}
+table.tool-calls .mono{font:12px ui-monospace,Menlo,Consolas,monospace;white-space:pre-wrap;overflow-wrap:anywhere}
+table.tool-calls td.ms,table.tool-calls th:nth-child(5){text-align:right}table.tool-calls th:nth-child(1){width:6%}
+table.tool-calls th:nth-child(2){width:17%}table.tool-calls th:nth-child(3){width:31%}table.tool-calls th:nth-child(5){width:8%}tr.tool-call.failed{background:#fff5f5}tr.tool-call.failed .tool-error{color:#ab091e}
+.badge.tool{background:#e3f8ff;color:#0b7285}
 """
 
 
@@ -299,8 +430,60 @@ def _llm_cards(report: dict) -> str:
     return f'<div class="cards llm">{cards}</div>'
 
 
+def _tools_section(report: dict) -> str:
+    """Counts, and voice to voice for turns with a tool call apart: a tool turn waits for
+    the tool and a second generation, so it is judged against its own kind."""
+    tools = tools_summary(report)
+    labels = {"calls": "tool calls", "failed": "failed", "turns": "turns with tools", "fallbacks": "spoken fallbacks"}
+    cards = "".join(
+        f'<div class="card"><div class="v" data-tools="{key}" data-value="{_data_value(tools.get(key))}">'
+        f'{fmt(tools.get(key))}</div><div class="k">{label}</div></div>'
+        for key, label in labels.items()
+    )
+    v2v = _dict(tools.get("voice_to_voice"))
+    rows = []
+    for key, label in (("with_tools", "turns with a tool call"), ("without_tools", "turns without")):
+        stats = _dict(v2v.get(key))
+        cells = "".join(_metric_cell(f'data-tools-v2v="{key}" data-stat="{stat}"', stats.get(stat))
+                        for stat in STATS + ["n"])
+        rows.append(f'<tr><th scope="row">{label}</th>{cells}</tr>')
+    return (f'<h2>Tools</h2><div class="cards tools">{cards}</div>'
+            '<table class="tools-v2v"><thead><tr><th>voice to voice (seconds)</th><th>p50</th><th>p90</th>'
+            f'<th>max</th><th>n</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def _tool_table(turn: dict, i: int) -> str:
+    calls = tool_calls(turn)
+    if not calls:
+        return ""
+    rows = []
+    for k, call in enumerate(calls):
+        ok = bool(call.get("ok"))
+        name = _tool_name(call)
+        if ok:
+            outcome = f'<td class="mono tool-result">{esc(_tool_json(call.get("result")))}</td>'
+        else:
+            outcome = (f'<td class="mono tool-error"><strong>failed:</strong> '
+                       f'{esc(call.get("error") or "no error recorded")}</td>')
+        action = ""
+        if call.get("action"):
+            action = f' <span class="badge tool">{esc(call.get("action"))}</span>'
+        rows.append(
+            f'<tr class="tool-call {"ok" if ok else "failed"}" data-turn="{i}" data-tool="{k}" '
+            f'data-name="{esc(name)}" data-ok="{"true" if ok else "false"}">'
+            f'<td data-field="round">{esc(call.get("round", ""))}</td>'
+            f'<td class="mono"><span class="tool-name">{esc(name)}</span>{action}</td>'
+            f'<td class="mono tool-args">{esc(_tool_json(call.get("arguments")))}</td>{outcome}'
+            f'<td class="ms" data-field="elapsed_ms" data-value="{_data_value(call.get("elapsed_ms"))}">'
+            f'{tool_ms(call)}</td></tr>'
+        )
+    return (f'<table class="tool-calls" data-turn="{i}"><thead><tr><th>round</th><th>tool</th><th>arguments</th><th>result / error</th><th>ms</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
 def _turn_table(report: dict) -> str:
     head = "".join(f"<th>{esc(METRIC_LABELS[m])}</th>" for m in METRICS)
+    with_tools = uses_tools(report)
     rows = []
     for i, t in enumerate(turns(report)):
         m = _dict(t.get("metrics"))
@@ -308,9 +491,15 @@ def _turn_table(report: dict) -> str:
         cells = "".join(_metric_cell(f'data-turn="{i}" data-metric="{metric}"', m.get(metric)) for metric in METRICS)
         cells += "".join(_metric_cell(f'data-turn="{i}" data-llm="{key}"', llm.get(key), 2)
                          for key in ("tokens_per_pass", "acceptance_rate"))
+        if with_tools:
+            calls = tool_calls(t)
+            failed = sum(1 for c in calls if not c.get("ok"))
+            text = f"{len(calls)}" + (f" ({failed} failed)" if failed else "") if calls else ""
+            cells += f'<td data-turn="{i}" data-field="tool_calls" data-value="{len(calls)}">{text}</td>'
         rows.append(f'<tr><td>{esc(t.get("index", i))}</td>{cells}</tr>')
-    return (f'<table class="turns"><thead><tr><th>turn</th>{head}<th>tokens/pass</th><th>acceptance</th></tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+    tools_head = "<th>tools</th>" if with_tools else ""
+    return (f'<table class="turns"><thead><tr><th>turn</th>{head}<th>tokens/pass</th><th>acceptance</th>{tools_head}'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
 def _agent_said(turn: dict) -> str:
@@ -325,13 +514,24 @@ def _agent_said(turn: dict) -> str:
 
 def _turn_section(report: dict, i: int, turn: dict) -> str:
     flag = '<span class="badge">interrupted</span>' if turn.get("interrupted") else ""
+    calls = tool_calls(turn)
+    if calls:
+        failed = sum(1 for c in calls if not c.get("ok"))
+        flag += (f'<span class="badge tool">{len(calls)} tool call{"s" if len(calls) > 1 else ""}'
+                 f'{f", {failed} failed" if failed else ""}</span>')
+    if turn.get("tool_fallback"):
+        flag += '<span class="badge" data-field="tool_fallback">spoke the fallback</span>'
+    action = _dict(turn.get("action"))
+    if action.get("action"):
+        reason = f": {action.get('reason')}" if action.get("reason") else ""
+        flag += f'<span class="badge tool" data-field="action">{esc(action.get("action"))}{esc(reason)}</span>'
     v2v = num(_dict(turn.get("metrics")).get("voice_to_voice"))
     v2v_text = f" — voice to voice {v2v:.3f} s" if v2v is not None else ""
     return (
         f'<div class="turn" id="turn-{i}"><h3>Turn {esc(turn.get("index", i))}{esc(v2v_text)}{flag}</h3>'
         f'<div class="transcript"><div class="user" data-role="user">{esc(turn.get("user_text") or "")}</div>'
         f'<div class="agent" data-role="agent">{_agent_said(turn)}</div></div>'
-        f"{waterfall_svg(turn)}</div>"
+        f"{waterfall_svg(turn)}{_tool_table(turn, i)}</div>"
     )
 
 
@@ -360,6 +560,7 @@ def _report_section(report: dict, idx: int) -> str:
         f'<span class="end-reason">{esc(report.get("end_reason"))}</span></p>{error}{cards}'
         f"<h2>Latency summary</h2>{_summary_table(report)}"
         f"<h2>LLM (speculative decoding)</h2>{_llm_cards(report)}"
+        f"{_tools_section(report) if uses_tools(report) else ''}"
         f"<h2>Voice to voice over the call</h2>{v2v_plot_svg(report)}"
         f"<h2>Per turn</h2>{_turn_table(report)}"
         f'<h2>Turns: transcript and waterfall</h2>{"".join(_turn_section(report, i, t) for i, t in enumerate(turns(report)))}'
@@ -383,6 +584,14 @@ def _comparison_table(reports: list[dict]) -> str:
         cells = "".join(_metric_cell(f'data-report="{i}" data-llm="{key}"', llm_summary(r).get(key), 2)
                         for i, r in enumerate(reports))
         rows.append(f"<tr><th scope=\"row\">{esc(key.replace('_', ' '))}</th>{cells}</tr>")
+    if any(uses_tools(r) for r in reports):
+        for key, label in (("with_tools", "with tools"), ("without_tools", "without tools")):
+            for stat in ("p50", "p90"):
+                cells = "".join(
+                    _metric_cell(f'data-report="{i}" data-tools-v2v="{key}" data-stat="{stat}"',
+                                 _dict(_dict(tools_summary(r).get("voice_to_voice")).get(key)).get(stat))
+                    for i, r in enumerate(reports))
+                rows.append(f'<tr><th scope="row">voice to voice {label} {stat}</th>{cells}</tr>')
     return (f'<h2>Comparison</h2><table id="comparison"><thead><tr><th>seconds</th>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
 

@@ -159,7 +159,7 @@ def test_cli_writes_html_next_to_the_json(tmp_path, capsys):
 
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "section", "h1", "h2", "h3", "p", "span", "div",
                 "table", "thead", "tbody", "tr", "th", "td", "svg", "line", "text", "rect", "title", "polyline",
-                "circle", "details", "summary", "pre", "br"}
+                "circle", "details", "summary", "pre", "br", "strong"}
 
 
 class TagCollector(HTMLParser):
@@ -189,6 +189,16 @@ def test_arbitrary_strings_never_produce_markup(strings, attack):
     report["config"] = {strings[1]: strings[0]}
     report["turns"][0]["index"] = strings[2]
     report["started_at"] = strings[0]
+    # Tool calls carry the model's text and the caller's words (a name stored as heard).
+    report["turns"][1]["tool_calls"] = [
+        {"name": strings[0], "arguments": strings[1], "ok": False, "result": None, "error": strings[2],
+         "elapsed_ms": 1.0, "round": strings[3], "start": 7.0, "end": 7.1},
+        {"name": strings[3], "arguments": {strings[4]: strings[5]}, "ok": True, "result": {strings[1]: [strings[2]]},
+         "error": None, "elapsed_ms": 2.0, "action": strings[4], "reason": strings[5], "round": 1,
+         "start": 7.2, "end": 7.3},
+    ]
+    report["turns"][1]["action"] = {"action": strings[0], "reason": strings[1]}
+    report["turns"][1]["tool_fallback"] = True
     for page in (report_html.render_html(report), report_html.render_html([report, report])):
         assert "<script" not in page.lower()
         tags = {m.lower() for m in re.findall(r"<\s*/?\s*([A-Za-z][A-Za-z0-9-]*)", page)}
@@ -421,3 +431,209 @@ def test_renders_a_report_written_by_pipeline_report(tmp_path):
     assert f'data-metric="voice_to_voice" data-stat="p50" data-value="{v2v["p50"]!r}"' in page
     assert page.count('class="waterfall"') == 3 and "question 0 &lt;b&gt;" in page
     assert "call call-real" in report_html.text_summary(data)
+
+
+# ---------------------------------------------------------------- tool calls (issue 15)
+
+HOSTILE_NAME = "<script>alert(1);window.__pwned=4</script>"
+ODD_NAME = "Zoë O'Brien-Ng"
+SLOTS = ["Tuesday 9:00 a.m.", "Tuesday 10:30 a.m."]
+
+
+def tool_call_report(tmp_path: Path) -> dict:
+    """A call written by pipeline.report with tool calls run by the real ToolBox on SQLite:
+    turn 0 no tool; turn 1 books for a hostile name, fails to book the same slot for
+    Zoë (already booked), then checks the slots; turn 2 calls an unknown tool, takes a
+    message and transfers. Start/end are fixed offsets (the waterfall is then the same
+    on any machine); elapsed_ms is the tool's own measurement, compared as recorded."""
+    from pipeline.bookings import open_store
+    from pipeline.config import Config
+    from pipeline.report import CallReport, load_report, write_report
+    from pipeline.timeline import TurnTimeline
+    from pipeline.tools import ToolBox
+
+    call = CallReport.from_config("call-tools", Config())
+    t0 = call.t0
+
+    def timeline(base: float, extra: float) -> TurnTimeline:
+        tl = TurnTimeline()
+        for k, dt in (("speech_start", 0.0), ("last_voiced", 1.0), ("end_of_speech", 1.5), ("transcript", 1.7),
+                      ("llm_request", 1.71), ("first_token", 1.9), ("first_sentence", 2.2 + extra),
+                      ("tts_first_audio", 2.4 + extra), ("first_audio_out", 2.42 + extra),
+                      ("llm_done", 2.8 + extra), ("playback_done", 4.0 + extra)):
+            tl.mark(k, t0 + base + dt)
+        return tl
+
+    def entry(outcome, round_: int, start: float, end: float) -> dict:
+        # The shape pipeline/stages/tools_step.py records: the outcome, its round, monotonic start/end.
+        return {**outcome.as_dict(), "round": round_, "start": t0 + start, "end": t0 + end}
+
+    stats = {"new_tokens": 20, "passes": 8, "drafted": 24, "accepted": 12, "total_s": 1.0}
+    with open_store(str(tmp_path / "bookings.sqlite"), open_slots=SLOTS) as store:
+        box = ToolBox(store, "call-tools")
+        call.add_turn(timeline(0.0, 0.0), "What are your hours?", "Eight to six.", llm=stats)
+        turn1 = [entry(box.run("book_slot", {"slot": SLOTS[0], "name": HOSTILE_NAME}), 1, 7.0, 7.05),
+                 entry(box.run("book_slot", json.dumps({"slot": SLOTS[0], "name": ODD_NAME})), 1, 7.05, 7.1),
+                 entry(box.run("check_slots", {"day": "Tuesday"}), 2, 7.3, 7.32)]
+        call.add_turn(timeline(5.0, 0.6), "Book Tuesday nine.", "Booked.", llm=stats, tool_calls=turn1)
+        turn2 = [entry(box.run("fly_to_the_moon", "{}"), 1, 12.0, 12.0),
+                 entry(box.run("take_message", {"name": ODD_NAME, "text": XSS_IMG}), 2, 12.1, 12.2),
+                 entry(box.run("transfer_to_human", {"reason": "wants a person"}), 2, 12.2, 12.25)]
+        last = call.add_turn(timeline(10.0, 0.9), "Get me a person.", "Transferring you.", llm=stats,
+                             tool_calls=turn2)
+    last["action"] = {"action": "transfer", "reason": "wants a person"}  # as pipeline/call.py adds it
+    call.finish("transfer")
+    return load_report(write_report(call, tmp_path))
+
+
+def test_tool_call_report_fixture_is_what_it_claims(tmp_path):
+    """The page tests below lean on these facts; if the tools changed, say so here."""
+    report = tool_call_report(tmp_path)
+    calls = [[(c["name"], c["ok"]) for c in t.get("tool_calls", [])] for t in report["turns"]]
+    assert calls == [[], [("book_slot", True), ("book_slot", False), ("check_slots", True)],
+                     [("fly_to_the_moon", False), ("take_message", True), ("transfer_to_human", True)]]
+    assert report["turns"][1]["tool_calls"][0]["result"]["name"] == HOSTILE_NAME  # stored as heard
+    assert "already booked" in report["turns"][1]["tool_calls"][1]["error"]
+    assert report["turns"][1]["tool_calls"][2]["start"] == pytest.approx(5.0 + 7.3 - 5.0)
+    tools = report["summary"]["tools"]
+    assert (tools["calls"], tools["failed"], tools["turns"]) == (6, 2, 2)
+    assert tools["voice_to_voice"]["with_tools"]["n"] == 2 and tools["voice_to_voice"]["without_tools"]["n"] == 1
+
+
+def test_tool_calls_on_the_page(tmp_path):
+    report = tool_call_report(tmp_path)
+    page = report_html.render_html(report)
+    assert "<script" not in page.lower()
+    assert page.count('class="tool-bar ok"') == 4 and page.count('class="tool-bar failed"') == 2
+    assert page.count('<tr class="tool-call ') == 6 and page.count('class="tool-calls"') == 2
+    assert html_escaped(HOSTILE_NAME) in page and html_escaped(ODD_NAME) in page
+    # summary.tools is the writer's; the page shows its numbers, not its own.
+    for key in ("with_tools", "without_tools"):
+        for stat in ("p50", "p90", "max", "n"):
+            value = report["summary"]["tools"]["voice_to_voice"][key][stat]
+            assert f'data-tools-v2v="{key}" data-stat="{stat}" data-value="{report_html._data_value(value)}"' in page
+    assert 'data-tools="failed" data-value="2"' in page
+    # A call the model wrote so badly it could not be parsed (tools_step records name None and
+    # the raw text) still gets its row and its red bar.
+    report["turns"][1]["tool_calls"].append({"name": None, "arguments": '<tool_call>{"name": book', "ok": False,
+                                             "result": None, "error": "bad JSON", "elapsed_ms": 0.0, "round": 3,
+                                             "start": 7.4, "end": 7.4})
+    page = report_html.render_html(report)
+    assert page.count('class="tool-bar failed"') == 3 and 'data-name="(unparsed call)"' in page
+    assert "&lt;tool_call&gt;{&quot;name&quot;: book" in page
+    # Compared with a call without tools: the comparison has the tool-turn rows for both.
+    both = report_html.render_html([report, make_report("plain")])
+    assert 'data-report="0" data-tools-v2v="with_tools" data-stat="p50"' in both
+    assert 'data-report="1" data-tools-v2v="without_tools" data-stat="p50"' in both
+    # A call without tools keeps its page free of tool sections.
+    plain = report_html.render_html(make_report())
+    assert "<h2>Tools</h2>" not in plain and "tool-bar" not in plain and "<th>tools</th>" not in plain
+
+
+def html_escaped(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=True)
+
+
+def test_old_report_without_summary_tools_is_summarised_like_the_writer(tmp_path):
+    from pipeline.report import summarize_tools
+
+    report = tool_call_report(tmp_path)
+    written = report["summary"]["tools"]
+    del report["summary"]["tools"]
+    assert report_html.tools_summary(report) == summarize_tools(report["turns"]) == written
+    assert 'data-tools="calls" data-value="6"' in report_html.render_html(report)
+
+
+def test_text_summary_has_a_tools_line(tmp_path, capsys):
+    report = tool_call_report(tmp_path)
+    text = report_html.text_summary(report)
+    v2v = report["summary"]["tools"]["voice_to_voice"]
+    line = next(line for line in text.splitlines() if line.startswith("tools:"))
+    assert "6 calls, 2 failed, in 2 turns" in line
+    assert f"with tools {v2v['with_tools']['p50']:.3f} / {v2v['with_tools']['p90']:.3f} s (n 2)" in line
+    assert f"without {v2v['without_tools']['p50']:.3f} / {v2v['without_tools']['p90']:.3f} s (n 1)" in line
+    assert "[tools: book_slot, book_slot FAILED, check_slots]" in text
+    assert len(text.splitlines()) <= 24
+    assert not any(line.startswith("tools:") for line in report_html.text_summary(make_report()).splitlines())
+    # The command prints it.
+    path = tmp_path / "call-tools.json"
+    assert path.is_file()
+    assert cli_main(["report", str(path), "--no-html"]) == 0
+    assert "tools: 6 calls, 2 failed" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+async def test_tool_calls_in_headless_chromium(chromium, tmp_path):
+    report = tool_call_report(tmp_path)
+    path = report_html.write_html(report, tmp_path / "tools.html")
+    async with open_page(chromium, path) as cdp:
+        dom = json.loads(await cdp.evaluate("""JSON.stringify({
+            pwned: window.__pwned === undefined ? null : window.__pwned,
+            scripts: document.scripts.length, imgs: document.images.length,
+            bars: [...document.querySelectorAll('#turn-1 svg.waterfall rect.tool-bar, #turn-2 svg.waterfall rect.tool-bar')]
+                .map(r => { const b = r.getBoundingClientRect(); return {
+                    turn: r.closest('.turn').id, name: r.dataset.name, ok: r.dataset.ok, ms: r.dataset.elapsedMs,
+                    start: +r.dataset.start, end: +r.dataset.end, left: b.left, width: b.width, height: b.height,
+                    fill: getComputedStyle(r).fill, title: r.querySelector('title').textContent}; }),
+            notes: [...document.querySelectorAll('svg.waterfall text.tool-note')].map(t => t.textContent),
+            rows: [...document.querySelectorAll('table.tool-calls tr.tool-call')].map(tr => ({
+                turn: tr.dataset.turn, ok: tr.dataset.ok,
+                name: tr.querySelector('.tool-name').textContent,
+                action: (tr.querySelector('.badge') || {}).textContent || null,
+                args: tr.querySelector('.tool-args').textContent,
+                outcome: (tr.querySelector('.tool-result') || tr.querySelector('.tool-error')).textContent,
+                ms: tr.querySelector('[data-field=elapsed_ms]').textContent,
+                bg: getComputedStyle(tr).backgroundColor})),
+            v2v: Object.fromEntries([...document.querySelectorAll('td[data-tools-v2v]')].map(e =>
+                [e.dataset.toolsV2v + '.' + e.dataset.stat, e.textContent])),
+            badges: [...document.querySelectorAll('.turn h3 .badge')].map(e => e.textContent),
+        })"""))
+        assert cdp.errors() == []
+
+    # Nothing the caller said ran: no script, no image, shown as text.
+    assert dom["pwned"] is None and dom["scripts"] == 0 and dom["imgs"] == 0
+
+    calls = [(t["index"], c) for t in report["turns"] for c in t.get("tool_calls", [])]
+    assert [(b["turn"], b["name"], b["ok"]) for b in dom["bars"]] == [
+        (f"turn-{i}", c["name"], "true" if c["ok"] else "false") for i, c in calls]
+    for bar, (_, c) in zip(dom["bars"], calls):
+        assert float(bar["ms"]) == c["elapsed_ms"]  # the recorded time, to the last digit
+        assert (bar["start"], bar["end"]) == (c["start"], c["end"])
+        assert bar["width"] > 0 and bar["height"] > 0  # drawn, even the zero-length refused call
+        assert f"{c['elapsed_ms']:.2f} ms" in bar["title"]
+        if c["ok"]:
+            assert bar["fill"] == "rgb(11, 114, 133)"
+        else:  # a failed call is red and its tooltip says why
+            assert bar["fill"] == "rgb(214, 69, 69)"
+            assert "FAILED: " + c["error"] in bar["title"]
+    # On the time axis, in the order they ran: turn 1's bars left to right, widths by duration.
+    b0, b1, b2 = dom["bars"][:3]
+    assert b0["left"] < b1["left"] < b2["left"]
+    assert b0["width"] == pytest.approx(b1["width"], rel=0.05) and b2["width"] < b0["width"]
+    assert dom["notes"] == [f"{c['elapsed_ms']:.2f} ms" if c["ok"] else f"✗ failed · {c['elapsed_ms']:.2f} ms"
+                            for _, c in calls]
+
+    assert [(r["turn"], r["name"], r["ok"]) for r in dom["rows"]] == [
+        (str(i), c["name"], "true" if c["ok"] else "false") for i, c in calls]
+    for row, (_, c) in zip(dom["rows"], calls):
+        assert row["args"] == json.dumps(c["arguments"], ensure_ascii=False)
+        if c["ok"]:
+            assert row["outcome"] == json.dumps(c["result"], ensure_ascii=False)
+        else:
+            assert row["outcome"] == "failed: " + c["error"]
+            assert row["bg"] != dom["rows"][0]["bg"]  # failed rows stand out from the ok ones
+        assert row["ms"] == f"{c['elapsed_ms']:.2f}"
+        assert row["action"] == c["action"]  # transfer_to_human's row says the call is handed over
+    # The strange names, exactly as heard, in the arguments and results.
+    assert HOSTILE_NAME in dom["rows"][0]["args"] and HOSTILE_NAME in dom["rows"][0]["outcome"]
+    assert ODD_NAME in dom["rows"][1]["args"] and ODD_NAME in dom["rows"][4]["args"]
+    assert json.loads(dom["rows"][4]["args"])["text"] == XSS_IMG
+
+    v2v = report["summary"]["tools"]["voice_to_voice"]
+    for key in ("with_tools", "without_tools"):
+        assert dom["v2v"][f"{key}.p50"] == f"{v2v[key]['p50']:.3f}"
+        assert dom["v2v"][f"{key}.p90"] == f"{v2v[key]['p90']:.3f}"
+        assert dom["v2v"][f"{key}.n"] == str(v2v[key]["n"])
+    assert "3 tool calls, 1 failed" in dom["badges"] and "transfer: wants a person" in dom["badges"]

@@ -13,6 +13,11 @@ summary, and write one self-contained HTML page (no external resources) with the
 latency summary, a waterfall per turn, voice-to-voice over the call and the
 transcripts. With several reports, both add a comparison table.
 
+A call that used tools (bookings, messages, transfer) also gets a tools line in the
+summary (calls, failures, voice to voice of turns with a tool call apart from the
+others) and, on the page, each tool call as a bar in its turn's waterfall (a failed one
+red, its error in the tooltip) and a table: name, arguments, result or error, ms.
+
   specvoice report reports/call-123.json                 # writes reports/call-123.html
   specvoice report a.json b.json --html compare.html --open
 """
