@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "benchmarks: llm, engine, voice, pipeline, load, batch, quality"
+HELP = "benchmarks: llm, engine, voice, pipeline, load, batch, quality, tools"
 DESCRIPTION = """\
 Benchmarks print their figures and write JSON (--out). Compare modes side by side in
 one run: this machine is shared and noisy, so ratios measured together are what count.
@@ -16,6 +16,7 @@ one run: this machine is shared and noisy, so ratios measured together are what 
   specvoice bench load --calls 1 2 4              # N simulated callers against one bridge
   specvoice bench batch --calls 1 2 4 --threads 1 # N conversations on one engine: batched vs one pass at a time
   specvoice bench quality --out quality.json      # % correct / % false claims on fact-checked questions
+  specvoice bench tools --out tools.json          # booking dialogues: right final database state, right tool calls
 """
 
 # (name, module): each module has HELP, DESCRIPTION, add_arguments(parser), run(args).
@@ -27,6 +28,7 @@ BENCHES: list[tuple[str, str]] = [
     ("load", "demo.bench.load"),
     ("batch", "demo.bench.batch"),
     ("quality", "demo.bench.quality"),
+    ("tools", "demo.bench.tools"),
 ]
 
 
