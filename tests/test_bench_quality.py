@@ -295,13 +295,13 @@ def test_bench_quality_end_to_end_writes_the_documented_json(tiny_models, tmp_pa
     threads = torch.get_num_threads()
     try:
         rc = main(["bench", "quality", "--config", str(config), "--questions", str(tiny_question_set(tmp_path)),
-                   "--variants", "before,rules,config", "--max-new-tokens", "6", "--out", str(out)])
+                   "--variants", "before,rules,config,tools", "--max-new-tokens", "6", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["questions"] == 4 and report["max_new_tokens"] == 6
-    assert list(report["variants"]) == ["before", "rules", "config"]
+    assert list(report["variants"]) == ["before", "rules", "config", "tools"]
     for entry in report["variants"].values():
         assert {"correct", "false_claim", "by_business", "by_category", "speed", "prefill", "questions"} <= set(entry)
         assert 0.0 <= entry["correct"] <= 1.0 and 0.0 <= entry["false_claim"] <= 1.0
@@ -321,6 +321,10 @@ def test_bench_quality_end_to_end_writes_the_documented_json(tiny_models, tmp_pa
     assert v["config"]["options"] == {"prompt_layout": "lines", "prompt_rules": True, "prompt_examples": False,
                                       "prompt_persona": "role"}
     assert report["prompts"]["before"]["tiny"] == "Riverside Dental is open Saturday 9 to 1."
+    # "tools": the prompt a call with [tools] enabled uses, and each answer notes its tool calls.
+    assert "Tools:" in report["prompts"]["tools"]["tiny"] and "Tools:" not in report["prompts"]["config"]["tiny"]
+    assert 0.0 <= v["tools"]["tool_call"] <= 1.0 and "tool_call" not in v["config"]
+    assert all(isinstance(r["tool_calls"], list) for r in v["tools"]["questions"])
 
 
 def test_unknown_variant_is_refused(capsys):

@@ -48,6 +48,9 @@ machine is noisy; speeds count only within one run):
   rules_examples   lines + rules + examples
   checker          lines + rules, opening "callers often get facts wrong; compare..."
   config           what --config's [agent] says (the default config: the shipped default)
+  tools            config's prompt as a call with [tools] enabled has it (a tools paragraph,
+                   no rules block) and the tool schemas; scores what the caller would hear
+                   and counts the answers that called a tool instead
 
 Speed is reported per variant: tokens/s after the first token, TTFT and first-sentence
 latency (median, with the system prompt's K/V already computed, as on a call), and the
@@ -77,6 +80,10 @@ VARIANTS: dict[str, dict | None] = {
     "rules_examples": {"prompt_layout": "lines", **_OFF, "prompt_rules": True, "prompt_examples": True},
     "checker": {"prompt_layout": "lines", **_OFF, "prompt_rules": True, "prompt_persona": "checker"},
     "config": {},
+    # The config's prompt as a call with [tools] enabled sees it (pipeline.agent.system_prompt:
+    # the tools paragraph, the rules left out) with the tool schemas in the chat template; the
+    # answer is what the caller would hear (text before a tool call), and a tool call is counted.
+    "tools": {},
 }
 OPTIONS = ("prompt_layout", "prompt_rules", "prompt_examples", "prompt_persona")
 
@@ -245,7 +252,18 @@ def variant_prompts(variant: str, agent, data: dict, root: Path = QUESTIONS.pare
     if options is None:
         return {key: b["before"] for key, b in data["businesses"].items()}
     a = agent.model_copy(update=options)
+    if variant == "tools":
+        return {key: tools_prompt(a, load_business(key, data, root)) for key in data["businesses"]}
     return {key: a.built_prompt(load_business(key, data, root)) for key in data["businesses"]}
+
+
+def tools_prompt(agent, business) -> str:
+    """The system prompt of a call on `business` with [tools] enabled."""
+    from pipeline.agent import system_prompt
+    from pipeline.config import Config, ToolsConfig
+
+    built = agent.model_copy(update={"system_prompt": agent.built_prompt(business)})
+    return system_prompt(Config.model_construct(agent=built, business=business, tools=ToolsConfig(enabled=True)))
 
 
 # ---------------------------------------------------------------- running
@@ -259,25 +277,36 @@ class Answer:
     first_sentence_s: float | None
     tokens_per_s: float
     passes: int
+    tool_calls: list[str] = field(default_factory=list)  # tools the model called ("?" for a malformed call)
 
 
-def answer(engine, prompt: list[int], params) -> Answer:
+def answer(engine, prompt: list[int], params, tools: bool = False) -> Answer:
+    """One greedy answer. With `tools`, only the speakable text counts (a tool call's text is
+    held back from the caller, as llm/tool_calls.py does on a call) and the call is noted."""
     from demo.bench.llm import FirstSentenceClock
+    from llm.tool_calls import ToolCallFilter
 
     conv = engine.new_conversation()
+    filt = ToolCallFilter() if tools else None
     t0 = time.perf_counter()
     clock = FirstSentenceClock(t0)
     text, times = [], []
     for g in engine.stream(prompt, params, conv):
         now = time.perf_counter()
-        text.append(g.text)
+        said = filt.feed(g.text) if filt else g.text
+        text.append(said)
         times += [now] * len(g.token_ids)
-        clock.feed(g.text, len(g.token_ids), now)
+        clock.feed(said, len(g.token_ids), now)
+    called: list[str] = []
+    if filt:
+        rest, parse = filt.finish()
+        text.append(rest)
+        called = [c.name for c in parse.calls] or (["?"] if parse.found else [])
     clock.end(time.perf_counter())
     span = times[-1] - times[0] if len(times) > 1 else 0.0
     rate = (len(times) - 1) / span if span > 0 else 0.0
     return Answer("".join(text).strip(), len(times), clock.first_token or 0.0, clock.first_sentence, rate,
-                  conv.last_stats.passes)
+                  conv.last_stats.passes, called)
 
 
 def rate(flags: list[bool]) -> float | None:
@@ -290,8 +319,11 @@ def median(values: list) -> float | None:
 
 
 def summarize(rows: list[dict]) -> dict:
-    return {"questions": len(rows), "correct": rate([r["correct"] for r in rows]),
-            "false_claim": rate([r["false_claim"] for r in rows])}
+    out = {"questions": len(rows), "correct": rate([r["correct"] for r in rows]),
+           "false_claim": rate([r["false_claim"] for r in rows])}
+    if any("tool_calls" in r for r in rows):
+        out["tool_call"] = rate([bool(r.get("tool_calls")) for r in rows])
+    return out
 
 
 def variant_report(rows: list[dict], prefill: dict) -> dict:
@@ -357,6 +389,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.agent import sampling_params
     from pipeline.config import load_config
     from pipeline.models import resolve_model
+    from pipeline.tools import TOOL_SCHEMAS
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
@@ -394,9 +427,11 @@ def run(args: argparse.Namespace) -> int:
     # The product computes each system prompt's K/V once per process; time that once here.
     used = dict.fromkeys(q.business for q in questions)
     prefill: dict[str, dict] = {v: {} for v in variants}
+    schemas = {v: TOOL_SCHEMAS if v == "tools" else None for v in variants}
     for v in variants:
         for key in used:
-            ids = engine.chat_prompt([{"role": "system", "content": prompts[v][key]}], add_generation_prompt=False)
+            ids = engine.chat_prompt([{"role": "system", "content": prompts[v][key]}], add_generation_prompt=False,
+                                     tools=schemas[v])
             t = time.perf_counter()
             engine.warm_prefix(ids)
             prefill[v][key] = {"tokens": len(ids), "seconds": time.perf_counter() - t}
@@ -407,9 +442,10 @@ def run(args: argparse.Namespace) -> int:
         for v in variants:
             bar.set_postfix_str(f"{q.id} {v}")
             msgs = [{"role": "system", "content": prompts[v][q.business]}] + q.messages
-            a = answer(engine, engine.chat_prompt(msgs), params)
+            a = answer(engine, engine.chat_prompt(msgs, tools=schemas[v]), params, tools=schemas[v] is not None)
             verdict = check(a.text, q.rules)
-            rows[v].append({"id": q.id, "business": q.business, "category": q.category, "split": q.split,
+            extra = {"tool_calls": a.tool_calls} if schemas[v] is not None else {}
+            rows[v].append({**extra, "id": q.id, "business": q.business, "category": q.category, "split": q.split,
                             "question": q.messages[-1]["content"], "answer": a.text, "correct": verdict.correct,
                             "false_claim": verdict.false_claim, "missing": verdict.missing,
                             "false_claims": verdict.false_claims, "tokens": a.tokens, "ttft_s": a.ttft_s,
@@ -449,13 +485,14 @@ def print_table(report: dict) -> None:
     w = max(8, *(len(v) for v in variants))
     print(f"\n{report['questions']} questions, greedy, max {report['max_new_tokens']} new tokens, "
           f"{report['models']['target']} ({report['models']['drafter']} drafts)")
-    head = (f"{'variant':{w}s} {'correct':>7s} {'false':>6s} {'tok/s':>6s} {'tok/pass':>8s} {'TTFT s':>7s} "
+    head = (f"{'variant':{w}s} {'correct':>7s} {'false':>6s} {'tool':>5s} {'tok/s':>6s} {'tok/pass':>8s} {'TTFT s':>7s} "
             f"{'1st sent s':>10s} {'sys tok':>7s} {'prefill s':>9s}")
     print(head)
     print("-" * len(head))
     for v, e in variants.items():
         s = e["speed"]
-        print(f"{v:{w}s} {pct(e['correct']):>7s} {pct(e['false_claim']):>6s} {num(s['tokens_per_s'], '.1f'):>6s} "
+        print(f"{v:{w}s} {pct(e['correct']):>7s} {pct(e['false_claim']):>6s} {pct(e.get('tool_call')):>5s} "
+              f"{num(s['tokens_per_s'], '.1f'):>6s} "
               f"{num(s['tokens_per_pass']):>8s} {num(s['ttft_s'], '.3f'):>7s} {num(s['first_sentence_s'], '.3f'):>10s} "
               f"{num(s['system_prompt_tokens'], '.0f'):>7s} {num(s['prefill_s'], '.2f'):>9s}")
     for key, title in (("by_business", "business"), ("by_category", "category"), ("by_split", "split")):
