@@ -26,6 +26,12 @@ partly played sentence is left out: we cannot tell which of its words were heard
 model repeating something is better than it believing it said something never heard.
 Without barge-in (half-duplex), speech during the agent's answer is queued and answered
 after it.
+
+Keys the caller presses (a phone's DTMF, as KeyPress from the source) are gathered by
+stages.listen.Keypad into one entry ("[keypad] 1", ended by '#' or a pause of
+config.pipeline.keypad_timeout_ms) that joins the same queue as utterances and is answered
+as a normal turn without STT; its report entry has "input": "dtmf". Keys do not barge in:
+a caller pressing 1 while the agent still lists the options is answered after it.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from pipeline.mqtt import MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
 from pipeline.report import CallReport, write_report
 from pipeline.sentences import SentenceSplitter
-from pipeline.stages.listen import listen
+from pipeline.stages.listen import KeyPress, Keypad, KeypadEntry, listen
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
 from pipeline.stages.tools_step import ToolRunner
@@ -142,7 +148,8 @@ class Call:
         self.llm_calls = 0
         # A tool ended the call ("transfer" / "end_call", and why): set after that turn was spoken.
         self.ended_by: tuple[str, str | None] | None = None
-        self._utterances: asyncio.Queue[TurnEnd | None] = asyncio.Queue()
+        self._utterances: asyncio.Queue[TurnEnd | KeypadEntry | None] = asyncio.Queue()
+        self._keypad = Keypad(self._utterances.put_nowait, config.pipeline.keypad_timeout_ms / 1000)
         self._responding: Turn | None = None  # the turn the agent is answering in (barge-in target)
         self._turn_task: asyncio.Task | None = None
         self._turn_done = asyncio.Event()
@@ -175,7 +182,7 @@ class Call:
     def idle(self) -> bool:
         """No turn running or waiting, and the caller is not mid-utterance."""
         return (self._turn_task is None and self._utterances.empty() and not self.endpointer.in_speech
-                and not self.turn_taker.pending)
+                and not self.turn_taker.pending and not self._keypad.pending)
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
@@ -263,17 +270,25 @@ class Call:
     # ------------------------------------------------------------ input: utterances and barge-in
 
     async def _input(self) -> None:
-        async for event in listen(self.source, self.endpointer, self.turn_taker):
-            if isinstance(event, SpeechStarted):
-                self._emit("speech_started", t=event.declared_t)
-                turn = self._responding
-                if turn is not None and self.config.pipeline.barge_in and not turn.barge_in.fired:
-                    turn.barge_in.fire(event.declared_t)
-                    self.barge_ins += 1
-                    self._emit("barge_in", turn=turn.index, heard=turn.heard_text)
-            elif isinstance(event, TurnEnd):
-                self._emit("end_of_turn", reason=event.reason, probability=event.probability)
-                self._utterances.put_nowait(event)
+        try:
+            async for event in listen(self.source, self.endpointer, self.turn_taker):
+                if isinstance(event, SpeechStarted):
+                    self._emit("speech_started", t=event.declared_t)
+                    turn = self._responding
+                    if turn is not None and self.config.pipeline.barge_in and not turn.barge_in.fired:
+                        turn.barge_in.fire(event.declared_t)
+                        self.barge_ins += 1
+                        self._emit("barge_in", turn=turn.index, heard=turn.heard_text)
+                elif isinstance(event, TurnEnd):
+                    self._emit("end_of_turn", reason=event.reason, probability=event.probability)
+                    self._utterances.put_nowait(event)
+                elif isinstance(event, KeyPress):
+                    self._emit("key", digit=event.digit)
+                    self._keypad.press(event)  # an entry reaches the queue when complete
+            if not self.source.hangup:
+                self._keypad.flush()  # the script ended: keys still waiting are answered
+        finally:
+            self._keypad.close()  # before run() ends the queue: no entry may come after it
 
     # ------------------------------------------------------------ the turn runner
 
@@ -281,7 +296,10 @@ class Call:
         if self.greeting:
             await self._one_at_a_time(self._greet(self.greeting))
         while (utterance := await self._utterances.get()) is not None:
-            await self._one_at_a_time(self._turn(utterance))
+            if isinstance(utterance, KeypadEntry):
+                await self._one_at_a_time(self._keypad_turn(utterance))
+            else:
+                await self._one_at_a_time(self._turn(utterance))
             if self.ended_by is not None:
                 return  # a tool transferred or ended the call, after its turn was spoken
 
@@ -344,6 +362,23 @@ class Call:
             self._responding = None
             self._record(turn)
 
+    async def _keypad_turn(self, entry: KeypadEntry) -> None:
+        """Keys the caller pressed, answered like words: no STT, the rest is a normal turn.
+        The timeline starts at the first key and has no last_voiced (nothing was voiced), so
+        the turn stays out of voice-to-voice figures instead of counting the keypad pause."""
+        tl = TurnTimeline(index=len(self.turns))
+        tl.mark("speech_start", entry.first_t)
+        tl.mark("end_of_speech", entry.ended_t)
+        tl.mark("transcript", entry.ended_t)
+        turn = Turn(index=len(self.turns), timeline=tl, user_text=entry.text)
+        self._emit("keypad", turn=turn.index, text=entry.text, ended_by=entry.ended_by)
+        self._responding = turn
+        try:
+            await self._answer(turn)
+        finally:
+            self._responding = None
+            self._record(turn, keypad=entry)
+
     async def _answer(self, turn: Turn) -> None:
         """The LLM stage and the speaker stage, side by side, joined by a sentence queue."""
         loop = asyncio.get_running_loop()
@@ -374,7 +409,7 @@ class Call:
 
     # ------------------------------------------------------------ recording
 
-    def _record(self, turn: Turn) -> None:
+    def _record(self, turn: Turn, keypad: KeypadEntry | None = None) -> None:
         """A finished turn: history gets what the caller heard; report, MQTT, callbacks."""
         assert self.report is not None
         if turn.user_text:
@@ -384,6 +419,9 @@ class Call:
             tool_calls=turn.llm.tool_calls,
         )
         entry["finish_reason"] = turn.finish_reason
+        if keypad is not None:
+            entry["input"] = "dtmf"
+            entry["keypad"] = {"digits": keypad.digits, "ended_by": keypad.ended_by}
         if turn.llm.fallback:
             entry["tool_fallback"] = True
         if turn.llm.action is not None:

@@ -7,11 +7,12 @@ silently ignored on a live call).
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.business import BusinessConfig, Layout, Persona, default_business
 from pipeline.business import system_prompt as business_prompt
@@ -140,6 +141,11 @@ class PipelineConfig(Section):
     first_clause: bool = False
     first_clause_min_words: int = Field(default=6, ge=2)
     barge_in: bool = True
+    # Keys the caller presses (phone DTMF) become one turn's text, "[keypad] 123": the entry
+    # ends at '#' or after this long without another key. 2 s: long enough for a caller
+    # keying a number (a key every second or so), short enough that a lone "press 1 to
+    # confirm" is not left hanging (Twilio's <Gather> waits 5 s; '#' ends at once).
+    keypad_timeout_ms: int = Field(default=2000, ge=100, le=30000)
 
 
 class BridgeConfig(Section):
@@ -158,6 +164,19 @@ class BridgeConfig(Section):
     # Outbound audio goes out this far ahead of real time (absorbs event-loop jitter; a
     # barge-in `clear` still leaves at most this much queued at Twilio).
     send_ahead_s: float = Field(default=0.04, ge=0.0, le=1.0)
+    # Where transfer_to_human sends the caller: a phone number in E.164 form ("+15550100"),
+    # dialled by the TwiML the bridge serves when the stream ends. Empty: no transfer; the
+    # tool tells the model so, and it offers to take a message (docs/tools.md: Transfer).
+    transfer_to: str = ""
+
+    @field_validator("transfer_to")
+    @classmethod
+    def _e164_or_empty(cls, value: str) -> str:
+        value = value.strip()
+        if value and not re.fullmatch(r"\+[1-9]\d{6,14}", value):
+            raise ValueError(f"bridge.transfer_to must be a phone number in E.164 form (like +15550100), "
+                             f"or empty; got {value[:40]!r}")
+        return value
 
 
 class ReportConfig(Section):

@@ -9,11 +9,19 @@ capture time (arrival minus its duration).
 Out: the call's output (`TelephonyCall.output`, the one paced output over a TwilioWriter):
 20 ms frames of 8 kHz mu-law `media` in real time, a `mark` after each sentence (Twilio
 echoes it once it has played, which confirms it), `clear` on barge-in.
+Keys: a `dtmf` event becomes a KeyPress in the frame stream; the call gathers the keys
+into one turn's text (pipeline/stages/listen.py, Keypad).
+Transfer: when a tool ended the call ("transfer", "end_call"), the handler tells the
+TelephonyCall (`agent_action`) before it returns; the bridge then closes the stream and
+answers Twilio's request for what comes next (server.py: a <Dial> for a transfer). With no
+number to transfer to (bridge.transfer_to empty), transfer_to_human fails with a sentence
+the model acts on (offer to take a message) instead of ending the call on an empty promise.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +32,7 @@ import numpy as np
 
 from pipeline.config import Config
 from pipeline.ports import AudioFrame
+from pipeline.stages.listen import KeyPress
 from pipeline.transports.telephony.protocol import Dtmf, Media, Stop
 from pipeline.transports.telephony.server import TelephonyCall
 from voice import mulaw
@@ -31,14 +40,15 @@ from voice.audio import PHONE_RATE, STT_RATE, to_float32
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TelephonySource", "make_call_handler"]
+__all__ = ["NoTransferLine", "TelephonySource", "make_call_handler"]
 
 KEEP_CALLS = 64  # finished pipeline Calls kept in `on_call.calls` (tests, the in-process demo)
 
 
 class TelephonySource:
-    """Inbound media of a TelephonyCall as 16 kHz AudioFrames. Ends when the caller stops.
-    (Mark echoes confirm marks on the call's output, in the server.)"""
+    """Inbound media of a TelephonyCall as 16 kHz AudioFrames, and its DTMF keys as
+    KeyPress. Ends when the caller stops. (Mark echoes confirm marks on the call's output,
+    in the server.)"""
 
     def __init__(self, call: TelephonyCall):
         import soxr
@@ -55,10 +65,10 @@ class TelephonySource:
         server_shutdown); None when the caller hung up."""
         return self.call.end_reason
 
-    def __aiter__(self) -> AsyncIterator[AudioFrame]:
+    def __aiter__(self) -> AsyncIterator[AudioFrame | KeyPress]:
         return self._frames()
 
-    async def _frames(self) -> AsyncIterator[AudioFrame]:
+    async def _frames(self) -> AsyncIterator[AudioFrame | KeyPress]:
         async for event in self.call:
             if isinstance(event, Media):
                 payload = event.payload
@@ -75,6 +85,24 @@ class TelephonySource:
             elif isinstance(event, Dtmf):
                 self.dtmf.append(event.digit)
                 log.info("call %s: DTMF %s", self.call.stream_sid, event.digit)
+                yield KeyPress(event.digit, time.monotonic())
+
+
+class NoTransferLine:
+    """A call's tools when the bridge has no number to transfer to: a valid
+    transfer_to_human comes back failed, with a sentence for the model, and no action."""
+
+    UNAVAILABLE = ("transfer_to_human: nobody can take the call now (no transfer line is set up); "
+                   "tell the caller and offer to take a message")
+
+    def __init__(self, toolbox: Any):
+        self.toolbox = toolbox
+
+    def run(self, name: str, arguments: Any) -> Any:
+        outcome = self.toolbox.run(name, arguments)  # bad arguments are still reported as such
+        if outcome.action != "transfer":
+            return outcome
+        return dataclasses.replace(outcome, ok=False, result=None, error=self.UNAVAILABLE, action=None, reason=None)
 
 
 def make_call_handler(
@@ -118,14 +146,21 @@ def make_call_handler(
         start = call.start
         call_id = start.call_sid or start.stream_sid
         source, sink = TelephonySource(call), call.output
+        tools: dict[str, Any] = {}
+        new_toolbox = getattr(agent_models, "new_toolbox", None)
+        if new_toolbox is not None:
+            toolbox = new_toolbox(call_id)
+            tools["toolbox"] = toolbox if toolbox is None or config.bridge.transfer_to else NoTransferLine(toolbox)
         pipeline_call = Call.from_models(
             config, agent_models, source, sink, call_id=call_id, report_dir=report_dir, greeting=greeting,
-            on_turn=(lambda entry: on_turn(call_id, entry)) if on_turn is not None else None,
+            on_turn=(lambda entry: on_turn(call_id, entry)) if on_turn is not None else None, **tools,
         )
         on_call.calls.append(pipeline_call)
         del on_call.calls[:-KEEP_CALLS]  # a long-running server must not keep every call
         try:
             await pipeline_call.run()
+            if pipeline_call.ended_by is not None:
+                call.agent_action = pipeline_call.ended_by[0]  # the bridge acts on it when the stream ends
         finally:
             # (The call's run closed its backend: its KV cache is freed even though the
             # last KEEP_CALLS Calls stay listed.)

@@ -4,7 +4,8 @@ One port serves both:
   * WebSocket `/media-stream`: one phone call per connection (Twilio, or any client
     speaking the same protocol), authenticated at the handshake;
   * plain HTTP through `process_request`: `GET|POST /voice` answers Twilio's voice
-    webhook with TwiML that connects the call to the stream; `GET /health`.
+    webhook with TwiML that connects the call to the stream; `GET /stream-ended` answers
+    what comes after the stream (below); `GET /health`.
 
 The bridge knows nothing of the pipeline. For every call it awaits
 `on_call(call: TelephonyCall)`; the call gives the parsed `start`, an async iterator
@@ -12,9 +13,19 @@ of inbound events, and outbound audio paced in real time (20 ms frames), marks a
 `clear`. A failing call never takes the server down; when the caller goes away the
 call's tasks are cancelled and awaited.
 
+Transfer: with `bridge.transfer_to` set, the TwiML is `<Connect action=".../stream-ended"
+method="GET">`: Twilio requests that URL (with the CallSid) when the stream ends. A call
+whose agent asked for a transfer (the handler sets `TelephonyCall.agent_action`) has its
+stream closed once the agent's last words were played (the speaker waits for their
+marks), and the action URL answers `<Dial>transfer_to</Dial>`; any other call gets
+`<Hangup/>`. Without `transfer_to` there is no action URL: when the stream ends, the call
+ends (the adapter makes transfer_to_human fail, so the agent offers a message instead).
+docs/tools.md ("Transfer") has the TwiML and the REST alternative.
+
 Limitation: the websockets HTTP parser refuses request bodies, so Twilio's voice
 webhook must be configured with HTTP **GET** (parameters then travel in the query
-string, which is also what Twilio signs). A body-less POST works.
+string, which is also what Twilio signs), and the action URL is asked for with GET. A
+body-less POST works.
 """
 
 from __future__ import annotations
@@ -25,10 +36,11 @@ import http
 import json
 import logging
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qsl, urlsplit
-from xml.sax.saxutils import quoteattr
+from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -86,7 +98,13 @@ ws_log = _NoDebug(logging.getLogger(__name__ + ".websockets"), {})
 
 STREAM_PATH = "/media-stream"
 VOICE_PATH = "/voice"
+ACTION_PATH = "/stream-ended"
 HEALTH_PATH = "/health"
+# What the bridge remembers of ended calls for Twilio's action request (which comes within
+# seconds of the stream's end): the last few, so a long-running server holds no more.
+KEEP_OUTCOMES = 1024
+# Said when a call asks for a transfer the bridge cannot make (no bridge.transfer_to).
+NO_TRANSFER_LINE = "Sorry, nobody can take your call right now. Please call again later. Goodbye."
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 
 
@@ -162,6 +180,9 @@ class TelephonyCall:
         # server_shutdown); None when the caller went away (stop or disconnect). The
         # pipeline reads it when the inbound stream ends, for the call's report.
         self.end_reason: str | None = None
+        # Set by the handler when a tool ended the call ("transfer", "end_call"): what the
+        # bridge tells Twilio to do once the stream is closed.
+        self.agent_action: str | None = None
 
     # ------------------------------------------------------------ inbound
 
@@ -279,6 +300,8 @@ class Bridge:
         self.max_media_bytes = _pick(max_media_bytes, config, "max_media_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
         self.end_grace_s = _pick(end_grace_s, config, "end_grace_s", 5.0)
         self.send_ahead_s = _pick(send_ahead_s, config, "send_ahead_s", 0.04)
+        self.transfer_to: str = getattr(config, "transfer_to", "") or ""
+        self._agent_actions: OrderedDict[str, str] = OrderedDict()  # CallSid -> "transfer" | "end_call"
         self._server: Server | None = None
         self._slots: set[ServerConnection] = set()  # stream connections admitted at the handshake
         self.calls: set[TelephonyCall] = set()
@@ -366,6 +389,13 @@ class Bridge:
             if not self.config.public_url and not _HOST_RE.match(host):
                 return _response(400, "bad Host header\n")
             return _response(200, self.twiml(host, dict(parse_qsl(parts.query))), "text/xml; charset=utf-8")
+        if path == ACTION_PATH and method in ("GET", "POST"):
+            status = self._authorized(request, request.path)
+            if status:
+                log.warning("stream-ended request refused (%d) from %s", status, peer)
+                return _response(status, "unauthorized\n" if status == 401 else "forbidden\n")
+            call_sid = dict(parse_qsl(parts.query)).get("CallSid", "")
+            return _response(200, self.after_stream_twiml(call_sid), "text/xml; charset=utf-8")
         if path == STREAM_PATH and method == "GET":
             status = self._authorized(request, request.path)
             if status:
@@ -386,8 +416,17 @@ class Bridge:
             return base + STREAM_PATH
         return f"wss://{host}{STREAM_PATH}"
 
+    def action_url(self, host: str) -> str:
+        """Where Twilio asks what to do once the stream ended (https, like the webhook)."""
+        if self.config.public_url:
+            base = public_base(self.config.public_url)
+            base = base.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
+            return base + ACTION_PATH
+        return f"https://{host}{ACTION_PATH}"
+
     def twiml(self, host: str, params: dict[str, str] | None = None) -> str:
-        """<Connect><Stream> TwiML; the caller's number and call id travel as custom parameters."""
+        """<Connect><Stream> TwiML; the caller's number and call id travel as custom parameters.
+        With a transfer number, <Connect> names the action URL (asked with GET: see above)."""
         parameters = ""
         for key in ("CallSid", "From", "To"):
             value = (params or {}).get(key)
@@ -395,7 +434,31 @@ class Bridge:
                 parameters += f"<Parameter name={quoteattr(key)} value={quoteattr(value[:256])}/>"
         stream = f"<Stream url={quoteattr(self.stream_url(host))}>{parameters}</Stream>" if parameters else \
             f"<Stream url={quoteattr(self.stream_url(host))}/>"
-        return f'<?xml version="1.0" encoding="UTF-8"?><Response><Connect>{stream}</Connect></Response>'
+        connect = f"<Connect action={quoteattr(self.action_url(host))} method=\"GET\">" if self.transfer_to \
+            else "<Connect>"
+        return f'<?xml version="1.0" encoding="UTF-8"?><Response>{connect}{stream}</Connect></Response>'
+
+    def after_stream_twiml(self, call_sid: str) -> str:
+        """What the call does once its stream ended: <Dial> the transfer number for a call
+        whose agent asked for a transfer, else hang up. (Asked again, the same answer.)"""
+        action = self._agent_actions.get(call_sid)
+        if action == "transfer" and self.transfer_to:
+            log.info("call %s: transferring to the configured number", call_sid[:64])
+            verbs = f"<Dial>{escape(self.transfer_to)}</Dial>"
+        elif action == "transfer":
+            log.warning("call %s asked for a transfer but bridge.transfer_to is empty: hanging up", call_sid[:64])
+            verbs = f"<Say>{escape(NO_TRANSFER_LINE)}</Say><Hangup/>"
+        else:
+            verbs = "<Hangup/>"
+        return f'<?xml version="1.0" encoding="UTF-8"?><Response>{verbs}</Response>'
+
+    def _remember_action(self, call: TelephonyCall) -> None:
+        if not call.agent_action or not call.start.call_sid:
+            return
+        self._agent_actions[call.start.call_sid] = call.agent_action
+        self._agent_actions.move_to_end(call.start.call_sid)
+        while len(self._agent_actions) > KEEP_OUTCOMES:
+            self._agent_actions.popitem(last=False)
 
     # ------------------------------------------------------------ WebSocket side
 
@@ -482,9 +545,12 @@ class Bridge:
             log.exception("call %s: handler failed", call.stream_sid)
             await ws.close(1011, "internal error")
             return
-        # The agent ended the call: let queued audio go out, then hang up.
+        # The agent ended the call: let queued audio go out, then close the stream. (The
+        # agent's last sentence has played by now: the speaker waited for its mark.) The
+        # action is remembered first: Twilio asks for the next TwiML as soon as we close.
+        self._remember_action(call)
         await call.output.drain(timeout=30.0)
-        await ws.close(1000, "call ended")
+        await ws.close(1000, "transfer" if call.agent_action == "transfer" else "call ended")
 
     async def _finish(self, call: TelephonyCall | None, task: asyncio.Task | None, ws: ServerConnection) -> None:
         """Cancel and await everything of the call; the handler gets `end_grace_s` to wrap up
