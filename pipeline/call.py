@@ -27,6 +27,13 @@ model repeating something is better than it believing it said something never he
 Without barge-in (half-duplex), speech during the agent's answer is queued and answered
 after it.
 
+Preemptive generation (config.turn.preemptive, smart_turn mode only; stages/preempt.py):
+while a pause leaves the caller's turn open and no turn is running, the pending audio is
+transcribed and the LLM started on the messages that turn would send, into a buffer. A
+turn that then ends on the same audio reuses the transcript and, if its messages are the
+same, reads that generation (kept: token-identical); speech in between, or anything
+else, cancels and drops it. Nothing is played before the turn has ended.
+
 Keys the caller presses (a phone's DTMF, as KeyPress from the source) are gathered by
 stages.listen.Keypad into one entry ("[keypad] 1", ended by '#' or a pause of
 config.pipeline.keypad_timeout_ms) that joins the same queue as utterances and is answered
@@ -56,10 +63,11 @@ from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, Tex
 from pipeline.report import CallReport, write_report
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.listen import KeyPress, Keypad, KeypadEntry, listen
+from pipeline.stages.preempt import PreemptedBackend, Preemptor, TurnPreemption
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
 from pipeline.stages.tools_step import ToolRunner
-from pipeline.stages.turn_taking import TurnEnd, TurnTaker
+from pipeline.stages.turn_taking import TurnEnd, TurnPending, TurnTaker
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import History, LLMResult, Turn
 from voice.endpointer import Endpointer, SpeechStarted
@@ -154,6 +162,14 @@ class Call:
         self._turn_task: asyncio.Task | None = None
         self._turn_done = asyncio.Event()
         self._mark_names = (f"s{i}" for i in itertools.count(1))
+        # Preemptive answers while the caller pauses: only with an end-of-turn model (silence
+        # endpointing ends the turn at every pause, there is nothing to wait on).
+        self.preemptor: Preemptor | None = None
+        self._preempted: dict[int, TurnPreemption] = {}  # id(TurnEnd) -> what preemption did in that turn
+        if config.turn.preemptive and self.turn_taker.model is not None:
+            self.preemptor = Preemptor(stt, backend, self.params, self.history.messages, executor=self.executor,
+                                       emit=self._emit)
+            self.turn_taker.announce_pauses = True
 
     @classmethod
     def from_models(
@@ -182,7 +198,8 @@ class Call:
     def idle(self) -> bool:
         """No turn running or waiting, and the caller is not mid-utterance."""
         return (self._turn_task is None and self._utterances.empty() and not self.endpointer.in_speech
-                and not self.turn_taker.pending and not self._keypad.pending)
+                and not self.turn_taker.pending and not self._keypad.pending
+                and (self.preemptor is None or not self.preemptor.busy))
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
@@ -241,6 +258,8 @@ class Call:
                 if task is not None and not task.done():
                     task.cancel()
             await _settle(input_task, turns_task, self._turn_task)
+            if self.preemptor is not None:
+                await self.preemptor.close()  # a hang-up mid-preemption: stopped before the backend closes
             if error is None and self.errors:
                 error = "; ".join(self.errors)
             await self._close(end_reason, error)
@@ -274,6 +293,8 @@ class Call:
             async for event in listen(self.source, self.endpointer, self.turn_taker):
                 if isinstance(event, SpeechStarted):
                     self._emit("speech_started", t=event.declared_t)
+                    if self.preemptor is not None:
+                        self.preemptor.discard("caller_resumed")  # the turn goes on: other audio
                     turn = self._responding
                     if turn is not None and self.config.pipeline.barge_in and not turn.barge_in.fired:
                         turn.barge_in.fire(event.declared_t)
@@ -281,7 +302,14 @@ class Call:
                         self._emit("barge_in", turn=turn.index, heard=turn.heard_text)
                 elif isinstance(event, TurnEnd):
                     self._emit("end_of_turn", reason=event.reason, probability=event.probability)
+                    if self.preemptor is not None and (claim := self.preemptor.claim(event)) is not None:
+                        self._preempted[id(event)] = claim
                     self._utterances.put_nowait(event)
+                elif isinstance(event, TurnPending):
+                    # Start only while no turn runs or waits: its answer would change the
+                    # history (and use the conversation) under the preemptive generation.
+                    if self.preemptor is not None and self._turn_task is None and self._utterances.empty():
+                        self.preemptor.start(event)
                 elif isinstance(event, KeyPress):
                     self._emit("key", digit=event.digit)
                     self._keypad.press(event)  # an entry reaches the queue when complete
@@ -339,13 +367,19 @@ class Call:
         tl.mark("end_of_speech", utterance.declared_t)
         turn = Turn(index=len(self.turns), timeline=tl, end_of_turn=end)
         loop = asyncio.get_running_loop()
-        try:
-            text = await loop.run_in_executor(self.executor, self.stt.transcribe, utterance.audio)
-        except Exception as exc:
-            log.exception("call %s: STT failed", self.call_id)
-            turn.error = f"stt: {type(exc).__name__}: {exc}"
-            self._record(turn)
-            return
+        claim = self._preempted.pop(id(end), None)
+        preemptor = self.preemptor
+        # The same audio was transcribed while the caller paused: the same greedy Whisper
+        # output, so it is reused (None: no preemption, or its STT failed).
+        text = await preemptor.transcript(claim) if preemptor is not None else None
+        if text is None:
+            try:
+                text = await loop.run_in_executor(self.executor, self.stt.transcribe, utterance.audio)
+            except Exception as exc:
+                log.exception("call %s: STT failed", self.call_id)
+                turn.error = f"stt: {type(exc).__name__}: {exc}"
+                self._record(turn, preemption=claim)
+                return
         tl.mark("transcript")
         text = (text or "").strip()
         if not text:
@@ -357,10 +391,15 @@ class Call:
         self._emit("transcript", turn=turn.index, text=text)
         self._responding = turn
         try:
-            await self._answer(turn)
+            messages = await loop.run_in_executor(self.executor, self.history.messages, text)
+            backend = None
+            if preemptor is not None:
+                # Kept only if it was started on exactly these messages; else it is stopped here.
+                backend = await preemptor.adopt(claim, text, messages)
+            await self._answer(turn, messages, backend)
         finally:
             self._responding = None
-            self._record(turn)
+            self._record(turn, preemption=claim)
 
     async def _keypad_turn(self, entry: KeypadEntry) -> None:
         """Keys the caller pressed, answered like words: no STT, the rest is a normal turn.
@@ -379,10 +418,18 @@ class Call:
             self._responding = None
             self._record(turn, keypad=entry)
 
-    async def _answer(self, turn: Turn) -> None:
-        """The LLM stage and the speaker stage, side by side, joined by a sentence queue."""
+    async def _answer(self, turn: Turn, messages: list[dict] | None = None, backend: LLMBackend | None = None) -> None:
+        """The LLM stage and the speaker stage, side by side, joined by a sentence queue.
+        `backend`: the call's, or a PreemptedBackend reading a kept preemptive generation."""
         loop = asyncio.get_running_loop()
-        messages = await loop.run_in_executor(self.executor, self.history.messages, turn.user_text)
+        if messages is None:
+            messages = await loop.run_in_executor(self.executor, self.history.messages, turn.user_text)
+        if self.preemptor is not None:
+            # One generation at a time on the conversation: a preemption this turn did not
+            # keep (a keypad turn came first, say) is stopped and waited for.
+            kept = backend.preemption if isinstance(backend, PreemptedBackend) else None
+            self.preemptor.make_way(kept)
+            await self.preemptor.settle(kept)
         cfg = self.config.pipeline
         sentences: asyncio.Queue = asyncio.Queue()
         emit = self._turn_emitter(turn)
@@ -394,7 +441,7 @@ class Call:
                   self.executor, emit),
             name=f"{self.call_id}-speak-{turn.index}")
         try:
-            await respond(self.backend, messages, self.params,
+            await respond(backend or self.backend, messages, self.params,
                           SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
                           sentences, turn.timeline, turn.barge_in, turn.llm, emit, self.toolbox)
             await speaker
@@ -409,7 +456,7 @@ class Call:
 
     # ------------------------------------------------------------ recording
 
-    def _record(self, turn: Turn, keypad: KeypadEntry | None = None) -> None:
+    def _record(self, turn: Turn, keypad: KeypadEntry | None = None, preemption: TurnPreemption | None = None) -> None:
         """A finished turn: history gets what the caller heard; report, MQTT, callbacks."""
         assert self.report is not None
         if turn.user_text:
@@ -417,6 +464,8 @@ class Call:
         entry = self.report.add_turn(
             turn.timeline, turn.user_text, turn.agent_text, turn.heard_text, turn.interrupted, llm=turn.stats,
             tool_calls=turn.llm.tool_calls,
+            preemption=None if preemption is None else {"hit": preemption.hit, "starts": preemption.starts,
+                                                        "events": preemption.log},
         )
         entry["finish_reason"] = turn.finish_reason
         if keypad is not None:

@@ -129,6 +129,11 @@ class TurnConfig(Section):
     # The model is missing at start: False -> a clear error naming the pull command;
     # True -> a warning, and silence endpointing.
     fallback_to_silence: bool = False
+    # smart_turn only: while a pause leaves the turn open, transcribe it and start the LLM
+    # into a buffer; kept (token-identical) if the turn ends on that same audio, else
+    # cancelled and dropped (pipeline/stages/preempt.py). Nothing is played before the
+    # turn ends. Silence mode never waits on a pause, so there it does nothing.
+    preemptive: bool = True
 
     @model_validator(mode="after")
     def _pause_shorter_than_max(self) -> TurnConfig:

@@ -9,11 +9,18 @@ Schema "specvoice.call_report/1" (times in seconds):
                 "llm": GenerationStats.as_dict() | null,
                 "tool_calls": [{"name", "arguments", "ok", "result", "error", "elapsed_ms", "action",
                                 "reason", "round", "start", "end" (seconds since call start)}]
-                               (only on turns that called a tool)}],
+                               (only on turns that called a tool),
+                "preemptive_hit": true | false (only on turns where a preemptive generation started:
+                                  true when the turn kept it),
+                "preemptive": {"starts", "events": [{"event": "start" | "llm_start" | "kept" |
+                               "discarded", "t" (seconds since call start), "why" (discarded),
+                               "pause", "audio_s" (start), "groups_ready", "finished" (kept)}]}}],
      "summary": {"turns", "metrics": {metric: {"p50", "p90", "max", "n"}},
                  "llm": {"tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"},
                  "tools": {"calls", "failed", "turns", "fallbacks",
-                           "voice_to_voice": {"with_tools": {...}, "without_tools": {...}}}}}
+                           "voice_to_voice": {"with_tools": {...}, "without_tools": {...}}},
+                 "preemptive": {"turns" (with a start), "starts", "hits", "hit_rate" (hits / turns, or null),
+                                "discarded": {why: count}}}}
 
 A turn that runs a tool waits for it (and for a second generation) before it can speak,
 so its voice-to-voice is summarised apart from the others': one slow booking must not
@@ -55,6 +62,7 @@ __all__ = [
     "percentile",
     "report_filename",
     "summarize",
+    "summarize_preemptive",
     "summarize_tools",
     "write_report",
 ]
@@ -131,6 +139,7 @@ class CallReport:
         interrupted: bool = False,
         llm: GenerationStats | dict[str, Any] | None = None,
         tool_calls: list[dict[str, Any]] | None = None,
+        preemption: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record a finished turn; returns its report entry (what MQTT publishes too).
         `tool_calls` carry their start/end on the monotonic clock; the entry has them as
@@ -149,6 +158,11 @@ class CallReport:
         }
         if tool_calls:
             turn["tool_calls"] = [self._tool_call(c) for c in tool_calls]
+        if preemption is not None and preemption.get("starts"):
+            turn["preemptive_hit"] = bool(preemption.get("hit"))
+            events = [{**e, "t": _r(e["t"] - self.t0)} if e.get("t") is not None else dict(e)
+                      for e in preemption.get("events", [])]
+            turn["preemptive"] = {"starts": int(preemption["starts"]), "events": events}
         self.turns.append(turn)
         return turn
 
@@ -226,7 +240,22 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         "tokens_per_s": round(tokens / total_s, 3) if total_s > 0 else 0.0,
     }
-    return {"turns": len(turns), "metrics": metrics, "llm": llm, "tools": summarize_tools(turns)}
+    return {"turns": len(turns), "metrics": metrics, "llm": llm, "tools": summarize_tools(turns),
+            "preemptive": summarize_preemptive(turns)}
+
+
+def summarize_preemptive(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """Turns with a preemptive start, starts, turns that kept one (hits), and why the
+    discarded ones were dropped."""
+    tried = [t for t in turns if "preemptive_hit" in t]
+    hits = sum(1 for t in tried if t["preemptive_hit"])
+    why: dict[str, int] = {}
+    for t in tried:
+        for e in (t.get("preemptive") or {}).get("events", []):
+            if e.get("event") == "discarded":
+                why[str(e.get("why"))] = why.get(str(e.get("why")), 0) + 1
+    return {"turns": len(tried), "starts": sum((t.get("preemptive") or {}).get("starts", 0) for t in tried),
+            "hits": hits, "hit_rate": round(hits / len(tried), 4) if tried else None, "discarded": why}
 
 
 def _spread(values: list[float]) -> dict[str, Any]:

@@ -46,6 +46,9 @@ EVENTS: tuple[str, ...] = (
 # metric name -> (from event, to event); see DESIGN.md "Per-turn metrics".
 METRIC_SPANS: dict[str, tuple[str, str]] = {
     "endpoint_delay": ("last_voiced", "end_of_speech"),
+    # The same span under the end-of-turn model's name: end of voiced speech -> turn end
+    # decided (end_of_speech is stamped when the turn-taker decides, model or timeout).
+    "eot_delay": ("last_voiced", "end_of_speech"),
     "stt_latency": ("end_of_speech", "transcript"),
     "agent_gap": ("transcript", "llm_request"),
     "ttft": ("llm_request", "first_token"),

@@ -155,7 +155,9 @@ async def test_a_mid_sentence_pause_is_one_turn_with_the_model_and_two_without(t
     model = LengthModel(1.5)
     call, heard = await _call_turns(tmp_path / "model", model)
     assert len(call.turns) == 1 and model.asked == 2
-    assert heard[0] > 2.0  # STT heard both halves as one utterance
+    # STT heard both halves as one utterance (the turn's is the last transcription; the one
+    # before it, on the first half alone, was the preemptive start at the pause, discarded).
+    assert heard[-1] > 2.0 and call.turns[0].user_text == f"{heard[-1]:.1f} seconds"
     from pipeline.report import load_report
 
     (entry,) = load_report(call.report_path)["turns"]

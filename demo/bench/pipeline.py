@@ -23,6 +23,18 @@ Piper into WAV files first. The two runs share the machine, so compare them toge
 
   specvoice bench pipeline --out pipeline.json
   specvoice bench pipeline --wav q1.wav q2.wav q3.wav --config gpu
+
+With --turn-modes it compares how the caller's turn ends instead (the config's
+speculation in every run), one call per mode, side by side:
+  silence     the endpointer's silence (vad.end_silence_ms) ends every turn
+  smart_turn  Smart Turn v3.2 on a short pause, "incomplete" waits (turn.preemptive off)
+  preemptive  smart_turn, and the LLM starts while an "incomplete" pause waits (kept only
+              when the turn ends on that same audio: token-identical)
+The default lines are then the questions plus lines spoken in two parts with a pause
+(--pause-ms) after words that cannot end a turn. Per mode: voice-to-voice and first
+sentence p50/p90, lines cut in two (answered more than once), preemptive hit rate.
+
+  specvoice bench pipeline --turn-modes silence,smart_turn,preemptive --out turns.json
 """
 
 QUESTIONS = [
@@ -32,6 +44,13 @@ QUESTIONS = [
     "Can I book the Tuesday morning slot?",
     "What is your address?",
 ]
+# Lines with a pause after words that cannot end a turn (spoken in two parts, --pause-ms apart).
+PAUSED = [
+    ("I would like to book a cleaning for", "next Tuesday morning."),
+    ("Do you accept", "Delta Dental insurance?"),
+    ("My name is Ann Lee and I need to cancel my appointment on", "Friday."),
+]
+TURN_MODES = ("silence", "smart_turn", "preemptive")
 COLUMNS = ["endpoint_delay", "stt_latency", "ttft", "first_sentence_latency", "tts_first_audio", "voice_to_voice",
            "llm_total"]
 
@@ -41,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wav", nargs="*", type=Path, help="the caller's lines as WAV files (default: Piper questions)")
     parser.add_argument("--turns", type=int, default=len(QUESTIONS), help="default script: how many questions")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--turn-modes", help=f"compare turn endings instead, one call each: a comma list of "
+                                             f"{', '.join(TURN_MODES)}")
+    parser.add_argument("--pause-ms", type=int, default=700,
+                        help="--turn-modes default lines: the pause inside a two-part line (default: %(default)s)")
+    parser.add_argument("--paused-lines", type=int, default=len(PAUSED),
+                        help="--turn-modes default lines: how many two-part lines (default: %(default)s)")
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -89,6 +114,126 @@ def _summary(report: dict) -> dict:
     return out
 
 
+def _mode_config(config, mode: str):
+    turn = {"silence": {"mode": "silence", "preemptive": False}, "smart_turn": {"mode": "smart_turn", "preemptive": False},
+            "preemptive": {"mode": "smart_turn", "preemptive": True}}[mode]
+    return config.model_copy(update={"turn": config.turn.model_copy(update=turn)})
+
+
+async def _play_lines(config, models, end_of_turn, wavs, report_dir: Path, label: str) -> dict:
+    """One call, each line spoken after the agent has answered the previous one; a line
+    answered in more than one turn was cut in two."""
+    import asyncio
+
+    from pipeline.agent import endpoint_config, turn_taker
+    from pipeline.call import Call
+    from pipeline.io import PacedSink, PushSource
+    from voice.endpointer import Endpointer
+    from voice.wav import read_wav
+
+    source, sink = PushSource(), PacedSink()
+    model = end_of_turn if config.turn.mode == "smart_turn" else None
+    call = Call.from_models(config, models, source, sink, mqtt=None, report_dir=report_dir,
+                            endpointer=Endpointer(models.vad_model.stream(), endpoint_config(config, model is not None)),
+                            turns=turn_taker(config, model), call_id=f"bench-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    task = asyncio.create_task(call.run())
+    per_line = []
+    for i, wav in enumerate(wavs):
+        pcm, _ = read_wav(wav)
+        before = len(call.turns)
+        source.push(pcm)
+        ok = await call.wait_turns(before + 1, 180)
+        deadline = time.monotonic() + 60
+        while ok and not (call.idle and not source.speaking) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # a benchmark polling for quiet, not a test's synchronisation
+        await asyncio.sleep(0.3)  # the caller's beat before the next line
+        per_line.append(len(call.turns) - before)
+        last = call.turns[-1] if call.turns else None
+        print(f"  {label} line {i}: {per_line[-1]} turn(s), v2v "
+              f"{_fmt(last.timeline.metrics()['voice_to_voice'] if last else None).strip()} ms, "
+              f"{(last.user_text if last else '')!r}", file=sys.stderr, flush=True)
+        if not ok:
+            print(f"  {label}: line {i} timed out", file=sys.stderr)
+            break
+    source.close()
+    await task
+    data = call.report.to_dict()
+    data["report_path"] = str(call.report_path)
+    data["turns_per_line"] = per_line
+    return data
+
+
+def _mode_summary(report: dict, lines: int) -> dict:
+    turns = report["turns"]
+
+    def spread(name: str) -> dict:
+        values = [t["metrics"][name] * 1000 for t in turns if t["metrics"].get(name) is not None]
+        return {"p50": _pct(values, 0.5), "p90": _pct(values, 0.9), "n": len(values)}
+
+    per_line = report["turns_per_line"]
+    pre = report["summary"].get("preemptive") or {}
+    return {"voice_to_voice_ms": spread("voice_to_voice"), "first_sentence_ms": spread("first_sentence_latency"),
+            "eot_delay_ms": spread("endpoint_delay"), "stt_latency_ms": spread("stt_latency"),
+            "cutoff_rate": round(sum(1 for n in per_line if n > 1) / lines, 4) if lines else None,
+            "turns": len(turns), "lines": lines, "preemptive_hit_rate": pre.get("hit_rate"),
+            "preemptive": pre, "report": report["report_path"]}
+
+
+def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
+    import asyncio
+
+    import numpy as np
+
+    from pipeline.agent import load_end_of_turn
+    from voice.wav import write_wav
+
+    wavs = list(args.wav or [])
+    if not wavs:
+        def speak(text: str) -> tuple[np.ndarray, int]:
+            chunks = list(models.tts.synthesize(text))
+            return np.concatenate([c.pcm for c in chunks]), chunks[0].sample_rate
+
+        for i, text in enumerate(QUESTIONS[: args.turns]):
+            pcm, rate = speak(text)
+            wavs.append(write_wav(work / f"q{i}.wav", pcm, rate))
+        for i, (first, second) in enumerate(PAUSED[: args.paused_lines]):
+            (a, rate), (b, _) = speak(first), speak(second)
+            pause = np.zeros(int(rate * args.pause_ms / 1000), np.float32)
+            wavs.append(write_wav(work / f"p{i}.wav", np.concatenate([a, pause, b]), rate))
+    end_of_turn = models.end_of_turn
+    if end_of_turn is None and any(m != "silence" for m in modes):
+        end_of_turn = load_end_of_turn(_mode_config(config, "smart_turn"))
+    runs = {}
+
+    async def main() -> None:
+        for mode in modes:
+            print(f"call with turn mode {mode}:", file=sys.stderr, flush=True)
+            runs[mode] = await _play_lines(_mode_config(config, mode), models, end_of_turn, wavs, work, mode)
+
+    asyncio.run(main())
+    summaries = {mode: _mode_summary(rep, len(wavs)) for mode, rep in runs.items()}
+    print(f"\n{'mode':<11} {'v2v p50':>8} {'p90':>6} | {'1st sent p50':>12} {'p90':>6} | {'eot p50':>7} | "
+          f"{'stt p50':>7} | cut | turns/lines | preemptive kept")
+    for mode, s in summaries.items():
+        v, f = s["voice_to_voice_ms"], s["first_sentence_ms"]
+        hit = "-" if s["preemptive_hit_rate"] is None else f"{s['preemptive']['hits']}/{s['preemptive']['turns']}"
+        print(f"{mode:<11} {_fmt(v['p50'], 1, 8)} {_fmt(v['p90'], 1, 6)} | {_fmt(f['p50'], 1, 12)} "
+              f"{_fmt(f['p90'], 1, 6)} | {_fmt(s['eot_delay_ms']['p50'], 1, 7)} | {_fmt(s['stt_latency_ms']['p50'], 1, 7)} | "
+              f"{s['cutoff_rate']:.2f} | {s['turns']:>5}/{s['lines']:<5} | {hit}")
+    if args.out:
+        result = {"bench": "pipeline-turn-modes", "machine": platform.platform(), "config": args.config or "default",
+                  "wavs": [str(w) for w in wavs], "pause_ms": args.pause_ms, "modes": summaries,
+                  "per_turn": {mode: [{"user_text": t["user_text"], "agent_text": t["agent_text"],
+                                       "metrics": t["metrics"], "end_of_turn": t.get("end_of_turn"),
+                                       "preemptive_hit": t.get("preemptive_hit"),
+                                       "preemptive": t.get("preemptive")} for t in rep["turns"]]
+                               for mode, rep in runs.items()}}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
@@ -96,6 +241,12 @@ def run(args: argparse.Namespace) -> int:
     from demo.commands import load_config_or_exit, load_models_or_exit
 
     config = load_config_or_exit(args.config, "specvoice bench pipeline")
+    modes = [m.strip() for m in (args.turn_modes or "").split(",") if m.strip()]
+    unknown = [m for m in modes if m not in TURN_MODES]
+    if unknown:
+        print(f"specvoice bench pipeline: unknown turn mode(s) {', '.join(unknown)}; choose from "
+              f"{', '.join(TURN_MODES)}", file=sys.stderr)
+        return 2
     if config.llm.backend != "speculative":
         print("specvoice bench pipeline: it compares in-process speculation on/off; llm.backend must be "
               "'speculative'", file=sys.stderr)
@@ -103,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
     models = load_models_or_exit(config, "specvoice bench pipeline")
 
     work = Path(tempfile.mkdtemp(prefix="specvoice-bench-"))
+    if modes:
+        return _run_turn_modes(args, config, models, work, modes)
     wavs = list(args.wav or [])
     if not wavs:
         from voice.wav import write_wav

@@ -45,8 +45,16 @@ def _ms(x) -> str:
     return "    -" if x is None else f"{x * 1000:5.0f}"
 
 
-HEADER = (" turn | endpt |   stt |  ttft | 1st sent |   tts |   v2v | tok/pass | user -> agent\n"
-          "------+-------+-------+-------+----------+-------+-------+----------+--------------")
+# eot: end of the caller's voiced speech -> turn end decided (silence wait or Smart Turn);
+# pre: the turn's preemptive generation was kept ("hit"), started but dropped ("miss"), or
+# never started ("-"); see pipeline/stages/preempt.py.
+HEADER = (" turn |   eot | pre  |   stt |  ttft | 1st sent |   tts |   v2v | tok/pass | user -> agent\n"
+          "------+-------+------+-------+-------+----------+-------+-------+----------+--------------")
+
+
+def _preemptive(entry: dict) -> str:
+    hit = entry.get("preemptive_hit")
+    return " -  " if hit is None else ("hit " if hit else "miss")
 
 
 def server_row(entry: dict) -> str:
@@ -58,7 +66,8 @@ def server_row(entry: dict) -> str:
         flag += f" [error: {entry['error']}]"
     text = f"{entry['user_text'][:40]!r} -> {(agent or '')[:60]!r}{flag}"
     tpp = llm.get("tokens_per_pass")
-    return (f" {entry['index']:4d} | {_ms(m.get('endpoint_delay'))} | {_ms(m.get('stt_latency'))} | "
+    eot = m.get("eot_delay", m.get("endpoint_delay"))
+    return (f" {entry['index']:4d} | {_ms(eot)} | {_preemptive(entry)} | {_ms(m.get('stt_latency'))} | "
             f"{_ms(m.get('ttft'))} | {_ms(m.get('first_sentence_latency'))}    | {_ms(m.get('tts_first_audio'))} | "
             f"{_ms(m.get('voice_to_voice'))} | {'    -' if tpp is None else f'{tpp:8.2f}'} | {text}")
 
@@ -149,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"voice-to-voice p50 {_ms(v2v['p50']).strip()} ms, p90 {_ms(v2v['p90']).strip()} ms; "
               f"first sentence p50 {_ms(fs['p50']).strip()} ms; "
               f"LLM {s['llm']['tokens_per_pass']:.2f} tokens/pass, {s['llm']['tokens_per_s']:.1f} tokens/s")
+        pre = s.get("preemptive") or {}
+        if pre.get("turns"):
+            why = ", ".join(f"{k} {v}" for k, v in sorted(pre["discarded"].items())) or "none"
+            print(f"preemptive: {pre['hits']} of {pre['turns']} turns kept their early answer "
+                  f"({pre['starts']} starts; discarded: {why})")
         print(f"report: {report_path}\nrender it: specvoice report {report_path}")
     elif not args.bridge:
         print("specvoice call: the agent wrote no report", file=sys.stderr)

@@ -12,6 +12,10 @@ audio so far, and voice.turn_detector.TurnPolicy decides:
 - an utterance cut at the endpointer's maximum length, or the end of the stream, ends the
   turn at once; so does a pending turn longer than the maximum turn length.
 
+With `announce_pauses` (set by a call that answers preemptively, pipeline/stages/preempt.py)
+a pause that leaves the turn waiting is announced as a `TurnPending` carrying the turn's
+audio so far; its TurnEnd, if the caller says nothing more, carries exactly that audio.
+
 A caller who pauses mid-sentence ("I would like to book a cleaning for ... next Tuesday")
 stays in one turn instead of being answered twice. Each turn carries how it ended (reason,
 probability) for the report.
@@ -31,7 +35,7 @@ import numpy as np
 from voice.endpointer import SpeechEnded, SpeechStarted
 from voice.turn_detector import TurnPolicy
 
-__all__ = ["EndOfTurnModel", "TurnEnd", "TurnTaker"]
+__all__ = ["EndOfTurnModel", "TurnEnd", "TurnPending", "TurnTaker"]
 
 
 class EndOfTurnModel(Protocol):
@@ -48,13 +52,29 @@ class TurnEnd:
     pauses: int = 1  # pauses merged into this turn
 
 
+@dataclass(frozen=True)
+class TurnPending:
+    """A pause after which the turn-taker waits: the pending turn's audio so far. If the
+    turn then ends with no new speech, its TurnEnd's utterance audio is this very audio
+    (same pieces, `pauses` of them)."""
+
+    audio: np.ndarray
+    pauses: int  # pieces in the turn so far: this pause's place in the turn
+    start_t: float
+    last_voiced_t: float
+    declared_t: float  # when the pause was decided to be no end (after the model answered)
+    probability: float | None
+
+
 class TurnTaker:
     """Endpointer events in, caller turns out (see the module docstring)."""
 
     def __init__(self, model: EndOfTurnModel | None, policy: TurnPolicy, *, max_turn_s: float = 30.0,
-                 executor: Executor | None = None, clock: Callable[[], float] = time.monotonic):
+                 executor: Executor | None = None, clock: Callable[[], float] = time.monotonic,
+                 announce_pauses: bool = False):
         self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
         self.executor, self.clock = executor, clock
+        self.announce_pauses = announce_pauses  # a waiting pause yields a TurnPending
         self._pending: list[SpeechEnded] = []
         self._probability: float | None = None
         self._speaking = False  # the caller is speaking again after a pause
@@ -64,7 +84,7 @@ class TurnTaker:
     def pending(self) -> bool:
         return bool(self._pending)
 
-    async def on_event(self, event: SpeechStarted | SpeechEnded) -> list[SpeechStarted | TurnEnd]:
+    async def on_event(self, event: SpeechStarted | SpeechEnded) -> list[SpeechStarted | TurnEnd | TurnPending]:
         if isinstance(event, SpeechStarted):
             self._speaking = True
             self._probability = None  # the caller went on: the next pause asks anew
@@ -85,6 +105,10 @@ class TurnTaker:
         self.decisions.append((decision.action, self._probability))
         if decision.action == "end":
             return [self._end(now, decision.reason)]
+        if self.announce_pauses:
+            first = self._pending[0]
+            return [TurnPending(audio, len(self._pending), first.start_t, event.last_voiced_t, now,
+                                self._probability)]
         return []
 
     def on_time(self, now: float) -> TurnEnd | None:

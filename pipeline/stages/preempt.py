@@ -1,0 +1,369 @@
+"""Preemptive generation, exact: answer a turn while the caller pauses, and keep the work
+only when the turn ends on the very audio it was started from.
+
+    pause, turn still open (TurnPending)   -> Preemptor.start: a task runs
+        STT on the turn's audio so far -> messages (history + transcript)
+        -> backend.stream(...) into a buffer: nothing reaches TTS, nothing is played,
+           history is not touched
+    SpeechStarted while the turn is open   -> discard("caller_resumed"): the generation is
+                                              stopped (the backend's cancel, between target
+                                              passes) and dropped
+    TurnEnd                                -> claim: the same audio (same pieces, same
+                                              samples) -> the preemption goes to the turn;
+                                              any other audio -> discard("audio_changed")
+    the turn (pipeline/call.py)            -> reuses the transcript instead of running STT;
+        `adopt` checks that the transcript and the messages the turn would send are those
+        the generation started from, and hands the turn a `PreemptedBackend`: its first
+        stream replays the buffered token groups, then follows the live ones. Otherwise
+        discard ("transcript_changed", "history_changed") and the turn generates as usual.
+
+Exact. With greedy decoding a generation is a function of its prompt: the same audio
+gives the same transcript (Whisper greedy, temperature 0, no fallback), the same history
+and transcript give the same messages (checked, not assumed), so the kept generation's
+tokens are those a turn started after the endpoint would get. (With temperature > 0 the
+kept answer is a sample of the same distribution, not the same sample.) A discarded
+generation leaves the conversation's KV cache valid for the tokens it holds (the engine
+commits tokens and cache length together at each pass boundary, and stops only there);
+the next prompt reuses the common prefix and recomputes the rest. Nothing else runs on the
+conversation until a discarded generation has stopped: a new start waits for it, and the
+turn calls `settle()` before it generates.
+
+Bounded: one start per pause, `max_starts` per turn, one preemption at a time, no LLM on
+an empty transcript (silence or noise Whisper could not read).
+
+Events (through `emit`, and in the turn's report entry): preemptive_start,
+preemptive_kept, preemptive_discarded (with why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llm.types import GenerationStats, SamplingParams, TokenGroup
+from pipeline.ports import LLMBackend, SpeechToText
+from pipeline.stages.turn_taking import TurnEnd, TurnPending
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_STARTS_PER_TURN", "Preemption", "PreemptedBackend", "Preemptor", "TurnPreemption", "same_audio"]
+
+MAX_STARTS_PER_TURN = 3
+
+
+class Stop:
+    """The preemptive generation's cancel: its own flag, or any event linked to it later
+    (the turn's barge-in, once the turn has adopted the generation). Duck-types the
+    Event the backends take (they only read `is_set()`; reading flags from the engine's
+    worker thread is safe)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._linked: list[Any] = []
+
+    def set(self) -> None:
+        self._set = True
+
+    def link(self, event: Any) -> None:
+        self._linked.append(event)
+
+    def is_set(self) -> bool:
+        return self._set or any(e.is_set() for e in self._linked)
+
+
+@dataclass
+class Preemption:
+    """One preemptive start: its pause, transcript, messages and buffered token groups."""
+
+    pause: TurnPending
+    params: SamplingParams
+    log: list[dict]  # the pending turn's preemption events (shared with its TurnPreemption)
+    started_t: float = field(default_factory=time.monotonic)
+    stop: Stop = field(default_factory=Stop)
+    transcript: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    prompt: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    text: str | None = None  # None: STT not done or failed
+    messages: list[dict] | None = None  # what the generation was started on (None: no generation)
+    groups: list[TokenGroup] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: bool = False  # the generation ended (or never started)
+    error: BaseException | None = None
+    discarded: str | None = None  # why, once discarded
+    kept: bool = False
+    task: asyncio.Task | None = None
+
+
+@dataclass
+class TurnPreemption:
+    """What preemption did during one caller turn, for that turn: the preemption its
+    TurnEnd matched (if any) and every start/discard on the way."""
+
+    preemption: Preemption | None
+    log: list[dict]
+
+    @property
+    def starts(self) -> int:
+        return sum(1 for e in self.log if e["event"] == "start")
+
+    @property
+    def hit(self) -> bool:
+        return self.preemption is not None and self.preemption.kept
+
+
+def same_audio(pause: TurnPending, end: TurnEnd) -> bool:
+    """The turn ended on exactly the audio the preemption heard: the same pieces and the
+    same samples (compared, not inferred from timing)."""
+    audio = end.utterance.audio
+    return (end.pauses == pause.pauses and len(audio) == len(pause.audio)
+            and bool(np.array_equal(audio, pause.audio)))
+
+
+class Preemptor:
+    """The call's preemptive starts, one pending turn at a time (see the module docstring).
+    Driven from the call's input task (start / discard / claim) and its turn (adopt /
+    settle); `close()` at the end of the call."""
+
+    def __init__(self, stt: SpeechToText, backend: LLMBackend, params: SamplingParams,
+                 messages_for: Callable[[str], list[dict]], *, executor: Executor | None = None,
+                 emit: Callable[..., None] = lambda kind, **data: None, max_starts: int = MAX_STARTS_PER_TURN):
+        self.stt, self.backend, self.params = stt, backend, params
+        self.messages_for = messages_for  # transcript -> the messages its turn would send (runs in a thread)
+        self.executor, self.emit, self.max_starts = executor, emit, max_starts
+        self.current: Preemption | None = None
+        self.llm_starts = 0  # generations started, over the call
+        self._log: list[dict] = []  # the pending turn's events
+        self._tasks: set[asyncio.Task] = set()  # started and not yet finished (discarded ones included)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
+    # ---------------------------------------------------------------- from the input task
+
+    def start(self, pause: TurnPending) -> Preemption | None:
+        """A pause left the turn open: start on it, unless the turn had its share of starts
+        or a preemption of this turn is still live (one pause, one start: a new pause
+        comes only after SpeechStarted, which discards the previous one)."""
+        if self.current is not None and self.current.discarded is None:
+            return None
+        if sum(1 for e in self._log if e["event"] == "start") >= self.max_starts:
+            return None
+        previous = list(self._tasks)  # discarded ones still stopping: ours waits for them
+        p = Preemption(pause, self.params, self._log)
+        self._note(p, "start", pause=pause.pauses, audio_s=round(len(pause.audio) / 16000, 3))
+        self.current = p
+        p.task = asyncio.create_task(self._run(p, previous), name="preemptive")
+        self._tasks.add(p.task)
+        p.task.add_done_callback(self._tasks.discard)
+        return p
+
+    def discard(self, why: str, p: Preemption | None = None) -> None:
+        """Stop and drop a preemption (default: the pending turn's)."""
+        p = p if p is not None else self.current
+        if p is None:
+            return
+        if p is self.current and why == "caller_resumed":
+            self.current = None
+        if p.discarded is not None or p.kept:
+            return
+        p.discarded = why
+        p.stop.set()
+        self._note(p, "discarded", why=why)
+
+    def claim(self, end: TurnEnd) -> TurnPreemption | None:
+        """The pending turn ended: its preemption, if the audio is the one it heard, goes
+        to the turn; otherwise it is discarded. None when the turn had no preemption."""
+        p, log_, self.current, self._log = self.current, self._log, None, []
+        if p is not None and not same_audio(p.pause, end):
+            self.discard("audio_changed", p)
+            p = None
+        if p is None and not log_:
+            return None
+        return TurnPreemption(p, log_)
+
+    # ---------------------------------------------------------------- from the turn
+
+    async def transcript(self, claim: TurnPreemption | None) -> str | None:
+        """The claimed preemption's transcript (waiting for its STT if still running);
+        None when there is none to reuse (no preemption, or its STT failed)."""
+        if claim is None or claim.preemption is None:
+            return None
+        return await asyncio.shield(claim.preemption.transcript)
+
+    async def adopt(self, claim: TurnPreemption | None, text: str, messages: list[dict]) -> PreemptedBackend | None:
+        """The turn's transcript and messages are known: keep the generation if it was
+        started on exactly these, else discard it (and let it stop). Returns the backend
+        the turn's respond stage should read, or None to generate as usual."""
+        if claim is None or claim.preemption is None:
+            return None
+        p = claim.preemption
+        if p.discarded is None:
+            started_on = await asyncio.shield(p.prompt)  # the generation's messages, or None
+            if p.discarded is not None:
+                pass
+            elif started_on is None:
+                self.discard("no_generation", p)  # STT failed or found nothing
+            elif p.text != text:
+                self.discard("transcript_changed", p)
+            elif started_on != messages:
+                self.discard("history_changed", p)
+            elif p.finished and p.error is not None:
+                self.discard("llm_error", p)
+            else:
+                p.kept = True
+                self._note(p, "kept", groups_ready=len(p.groups), finished=p.finished)
+                return PreemptedBackend(self.backend, p)
+        await self.settle()
+        return None
+
+    def make_way(self, keep: Preemption | None = None) -> None:
+        """A turn is about to generate: the pending turn's preemption (if it is not the
+        one this turn kept) would share the conversation with it, and the turn's answer
+        changes the history it was started on: stop it."""
+        if self.current is not None and self.current is not keep:
+            self.discard("another_turn", self.current)
+
+    async def settle(self, keep: Preemption | None = None) -> None:
+        """Wait until no preemptive work other than `keep`'s runs (the conversation is the
+        turn's alone afterwards)."""
+        others = [t for t in self._tasks if keep is None or t is not keep.task]
+        if others:
+            await asyncio.wait(others)
+
+    async def close(self) -> None:
+        """The call is over: stop everything, wait for it."""
+        for p in (self.current,):
+            if p is not None:
+                self.discard("call_ended", p)
+        self.current = None
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    # ---------------------------------------------------------------- the work
+
+    async def _run(self, p: Preemption, previous: list[asyncio.Task]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if previous:
+                await asyncio.wait(previous)  # one preemption at a time on the conversation
+            if p.stop.is_set():
+                return
+            try:
+                text = await loop.run_in_executor(self.executor, self.stt.transcribe, p.pause.audio)
+            except Exception:
+                log.exception("preemptive STT failed")
+                return
+            p.text = (text or "").strip()
+            p.transcript.set_result(p.text)
+            if not p.text:
+                self.discard("empty_transcript", p)  # noise: no LLM start
+                return
+            if p.stop.is_set():
+                return
+            messages = await loop.run_in_executor(self.executor, self.messages_for, p.text)
+            if p.stop.is_set():
+                return
+            p.messages = messages
+            p.prompt.set_result(messages)
+            self.llm_starts += 1
+            self._note(p, "llm_start")
+            async with contextlib.aclosing(self.backend.stream(messages, p.params, p.stop)) as stream:
+                async for group in stream:
+                    p.groups.append(group)
+                    p.changed.set()
+        except asyncio.CancelledError:
+            pass  # close(): the call ended
+        except Exception as exc:  # a failing model: the turn will not keep this generation
+            log.warning("preemptive generation failed: %r", exc)
+            p.error = exc
+        finally:
+            for fut in (p.transcript, p.prompt):
+                if not fut.done():
+                    fut.set_result(None)
+            p.finished = True
+            p.changed.set()
+
+    def _note(self, p: Preemption, event: str, **data: Any) -> None:
+        p.log.append({"event": event, "t": time.monotonic(), **data})
+        if event != "llm_start":
+            self.emit(f"preemptive_{event}", **data)
+
+
+class PreemptedBackend:
+    """The call's backend for one turn whose first generation is already running (or
+    done): the first `stream` on the preemption's messages replays its token groups, then
+    follows the live ones; any other stream (a tool round) goes to the call's backend."""
+
+    def __init__(self, backend: LLMBackend, preemption: Preemption):
+        self.backend, self.preemption = backend, preemption
+        self._handed = False
+
+    @property
+    def last_stats(self) -> GenerationStats | None:
+        # Before the hand-over the preemption's stats must not look like the previous
+        # generation's (the respond stage counts a round by its stats object changing).
+        return self.backend.last_stats if self._handed else None
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a stage reads of the backend after a stream (the OpenAI backend's
+        # `last_tool_parse`: calls the server parsed) is the call's backend's: nothing else
+        # ran on it since the kept generation (settled before the turn generates).
+        return getattr(self.backend, name)
+
+    async def aclose(self) -> None:
+        pass  # the call closes its own backend
+
+    async def stream(self, messages: list[dict], params: SamplingParams, cancel: Any = None) -> AsyncIterator[TokenGroup]:
+        p = self.preemption
+        if self._handed or messages != p.messages or params != p.params:
+            async with contextlib.aclosing(self.backend.stream(messages, params, cancel)) as stream:
+                async for group in stream:
+                    yield group
+            return
+        self._handed = True
+        async with contextlib.aclosing(replay(p, cancel)) as groups:
+            async for group in groups:
+                yield group
+
+
+async def replay(p: Preemption, cancel: Any = None) -> AsyncIterator[TokenGroup]:
+    """The preemption's token groups, buffered ones first. A group produced before the
+    turn adopted it is stamped with the adoption time: the caller could not have had it
+    earlier, and TTFT stays a wait the caller saw. The turn's cancel (barge-in) now also
+    stops the generation; leaving early stops it and waits until it has stopped."""
+    if cancel is not None:
+        p.stop.link(cancel)
+    adopted_t = time.monotonic()
+    i = 0
+    try:
+        while True:
+            if i < len(p.groups):
+                group = p.groups[i]
+                i += 1
+                yield dataclasses.replace(group, timestamp=max(group.timestamp, adopted_t))
+                if group.finish_reason:
+                    return
+            elif p.finished:
+                if p.error is not None:
+                    raise p.error
+                return
+            else:
+                p.changed.clear()
+                await p.changed.wait()
+    finally:
+        if not p.finished:
+            p.stop.set()
+        if p.task is not None and not p.task.done():
+            await asyncio.wait({p.task})

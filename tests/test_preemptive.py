@@ -1,0 +1,473 @@
+"""Preemptive generation (pipeline/stages/preempt.py) through whole calls: a scripted caller
+(tone bursts and silences, on the audio's own clock), a scripted end-of-turn model, a
+scripted STT, and either the real in-process engine on a tiny random Qwen2 or a scripted
+backend. Every wait is on an event (the source holds its next frame until the preemptive
+generation reached a point); nothing asserts on wall-clock time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from callfakes import EnergyVAD, ScriptedBackend, ScriptedSTT, ToneTTS, assert_released, snapshot
+from pipeline.call import Call
+from pipeline.config import load_config
+from pipeline.ports import AudioFrame
+from pipeline.report import load_report
+from pipeline.stages.preempt import MAX_STARTS_PER_TURN
+from pipeline.stages.turn_taking import TurnTaker
+from voice.endpointer import EndpointConfig, Endpointer
+from voice.turn_detector import TurnPolicy
+
+RATE = 16000
+FRAME = 320  # 20 ms
+
+
+def tone(seconds: float) -> np.ndarray:
+    return (0.3 * np.sin(2 * np.pi * 300 * np.arange(int(seconds * RATE)) / RATE)).astype(np.float32)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * RATE), np.float32)
+
+
+class ScriptSource:
+    """Caller audio from a script: arrays are spoken (20 ms frames, stamped on the audio's
+    own clock), an async callable is awaited before the next frame (the caller "waits for"
+    something the test names), "hangup" ends the call as a hang-up. Faster than real time."""
+
+    def __init__(self, steps: list):
+        self.steps = steps
+        self.hangup = False
+        self.end_reason = None
+        self.frames = 0
+
+    def __aiter__(self):
+        return self._frames()
+
+    async def _frames(self):
+        for step in self.steps:
+            if isinstance(step, str) and step == "hangup":
+                self.hangup = True
+                return
+            if callable(step):
+                await step()
+                continue
+            for i in range(0, len(step), FRAME):
+                pcm = np.zeros(FRAME, np.float32)
+                chunk = step[i:i + FRAME]
+                pcm[:len(chunk)] = chunk
+                yield AudioFrame(pcm, 100.0 + self.frames * FRAME / RATE)
+                self.frames += 1
+                await asyncio.sleep(0)
+
+
+class LogSink:
+    """Records each play into the call's ordered log (with the end-of-turn events), so the
+    test can tell what came before what."""
+
+    def __init__(self, log: list):
+        self.log = log
+        self.played = 0
+
+    def play(self, chunk):
+        self.played += 1
+        self.log.append(("play", self.played))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    def mark(self, name):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(True)
+        return fut
+
+    async def clear(self):
+        pass
+
+    async def aclose(self):
+        pass
+
+
+class LengthModel:
+    """Smart Turn stand-in: incomplete until the turn holds more than `seconds` of audio
+    (None: never complete, every pause waits for the maximum silence)."""
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds = seconds
+
+    def probability(self, audio: np.ndarray) -> float:
+        return 0.95 if self.seconds is not None and len(audio) / RATE > self.seconds else 0.05
+
+
+class SpyBackend:
+    """Wraps a backend: records every stream's token ids and finish, counts streams running
+    at once, and sets `reached` once the first stream yielded `after` groups."""
+
+    def __init__(self, inner, after: int = 2):
+        self.inner, self.after = inner, after
+        self.streams: list[dict] = []
+        self.active = self.max_active = 0
+        self.reached = asyncio.Event()
+        self.changed = asyncio.Event()  # set at every group and every stream's end
+
+    @property
+    def last_stats(self):
+        return self.inner.last_stats
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+    async def stream(self, messages, params, cancel=None):
+        rec = {"messages": messages, "tokens": [], "text": "", "finish": None, "closed": False}
+        self.streams.append(rec)
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            async for group in self.inner.stream(messages, params, cancel):
+                rec["tokens"] += list(group.token_ids)
+                rec["text"] += group.text
+                rec["finish"] = group.finish_reason or rec["finish"]
+                if len(self.streams) == 1 and len(rec["tokens"]) >= self.after:
+                    self.reached.set()
+                self.changed.set()
+                yield group
+        finally:
+            rec["closed"] = True
+            self.active -= 1
+            self.changed.set()
+
+    async def wait_finished(self, n: int) -> None:
+        """Until the n-th stream has yielded its last group (its generation finished)."""
+        while not (len(self.streams) >= n and self.streams[n - 1]["finish"] is not None):
+            self.changed.clear()
+            await self.changed.wait()
+
+
+def config(tmp_path, preemptive: bool = True):
+    cfg = load_config("test")
+    return cfg.model_copy(update={
+        "report": cfg.report.model_copy(update={"dir": str(tmp_path / "reports")}),
+        "turn": cfg.turn.model_copy(update={"mode": "smart_turn", "preemptive": preemptive}),
+        "agent": cfg.agent.model_copy(update={"system_prompt": "You answer the phone."}),
+    })
+
+
+def make_call(cfg, steps, backend, stt, model, log: list | None = None) -> tuple[Call, ScriptSource, LogSink]:
+    log = log if log is not None else []
+    source, sink = ScriptSource(steps), LogSink(log)
+    endpointer = Endpointer(EnergyVAD(), EndpointConfig(min_speech_ms=64, min_silence_ms=200, pre_roll_ms=64,
+                                                        post_roll_ms=32))
+    # The audio's own clock decides (clock 0): the same turns whatever this machine's speed.
+    turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0)
+    call = Call(cfg, source, sink, stt=stt, tts=ToneTTS(chunks=1, chunk_s=0.02), backend=backend,
+                endpointer=endpointer, turns=turns, mqtt=None,
+                on_event=lambda kind, data: log.append((kind, data)))
+    return call, source, sink
+
+
+def seconds_stt(audio: np.ndarray) -> str:
+    """A transcript that names the audio's length: other audio, other words."""
+    return f"I would like {len(audio) / RATE:.1f} seconds of cleaning"
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_models):
+    from llm.engine import SpeculativeEngine
+
+    return SpeculativeEngine.load(tiny_models["target"], None, drafter="ngram", gamma=4, dtype="float32",
+                                  calibrate=False)
+
+
+def engine_backend(engine):
+    from llm.backend import SpeculativeBackend
+
+    return SpeculativeBackend(engine)
+
+
+def events(log, kind):
+    return [data for k, data in log if k == kind]
+
+
+# ---------------------------------------------------------------- (1) kept == not preempted
+
+
+async def test_kept_preemption_is_token_identical_and_nothing_plays_before_the_turn_ends(tmp_path, tiny_engine):
+    """Two turns, each a pause the model calls incomplete, then the maximum silence: with
+    preemption the answers are generated while the caller is silent and kept; without,
+    generated after the turn ends. Same text, same tokens; and no audio before each end."""
+
+    calls: list[Call] = []
+
+    async def first_turn_done() -> None:
+        # The next line comes once the first answer was given (not over it: no barge-in).
+        await calls[-1].wait_turns(1)
+        if (task := calls[-1]._turn_task) is not None:
+            await asyncio.wait({task})
+
+    def caller(wait):
+        return [silence(0.3), tone(1.0), silence(0.4), wait, silence(1.6), first_turn_done,
+                tone(0.8), silence(0.4), wait, silence(1.6)]
+
+    spy_log: list = []
+    spy = SpyBackend(engine_backend(tiny_engine), after=1)
+    waits = []
+
+    async def buffered_whole_answer() -> None:
+        # The preemptive generation of this pause has finished: the whole answer is ready,
+        # and still nothing of it has been played.
+        n, since = len(waits), len(spy_log)
+        waits.append(n)
+        await spy.wait_finished(n + 1)
+        assert not any(k == "play" for k, _ in spy_log[since:]), spy_log[since:]
+
+    call, _, sink = make_call(config(tmp_path / "pre"), caller(buffered_whole_answer), spy, ScriptedSTT(seconds_stt),
+                              LengthModel(None), spy_log)
+    calls.append(call)
+    await asyncio.wait_for(call.run(), 120)
+
+    async def no_wait() -> None:
+        pass
+
+    base = SpyBackend(engine_backend(tiny_engine))
+    plain, _, _ = make_call(config(tmp_path / "plain", preemptive=False), caller(no_wait), base,
+                            ScriptedSTT(seconds_stt), LengthModel(None))
+    calls.append(plain)
+    await asyncio.wait_for(plain.run(), 120)
+
+    assert [t.user_text for t in call.turns] == [t.user_text for t in plain.turns]
+    assert len(call.turns) == 2 and call.turns[0].user_text != call.turns[1].user_text
+    assert [t.agent_text for t in call.turns] == [t.agent_text for t in plain.turns]
+    assert all(t.agent_text for t in call.turns)
+    # One generation per turn in both calls (the preemptive ones were kept, none redone).
+    assert len(spy.streams) == len(base.streams) == 2 and spy.max_active == 1
+    assert [s["tokens"] for s in spy.streams] == [s["tokens"] for s in base.streams]
+    assert [s["messages"] for s in spy.streams] == [s["messages"] for s in base.streams]
+    assert [e["why"] for e in events(spy_log, "preemptive_discarded")] == []
+    assert len(events(spy_log, "preemptive_kept")) == 2
+    # STT ran once per turn: the turn reused the pause's transcript.
+    assert call.stt.calls == 2
+    # (5) nothing was played before each turn's end.
+    ends = [i for i, (k, _) in enumerate(spy_log) if k == "end_of_turn"]
+    plays = [i for i, (k, _) in enumerate(spy_log) if k == "play"]
+    starts = [i for i, (k, _) in enumerate(spy_log) if k == "preemptive_start"]
+    assert len(ends) == 2 and len(starts) == 2 and plays and plays[0] > ends[0]
+    assert not [i for i in plays if starts[1] < i < ends[1]]  # turn 2: nothing between its start and its end
+    assert [i for i in plays if ends[0] < i < starts[1]] and [i for i in plays if i > ends[1]]
+    report = load_report(call.report_path)
+    assert [t["preemptive_hit"] for t in report["turns"]] == [True, True]
+    assert [e["event"] for e in report["turns"][0]["preemptive"]["events"]] == ["start", "llm_start", "kept"]
+    assert report["summary"]["preemptive"] == {"turns": 2, "starts": 2, "hits": 2, "hit_rate": 1.0, "discarded": {}}
+    assert report["turns"][0]["metrics"]["eot_delay"] == report["turns"][0]["metrics"]["endpoint_delay"]
+    assert "preemptive_hit" not in load_report(plain.report_path)["turns"][0]
+
+
+# ---------------------------------------------------------------- (2) discarded, then the real answer
+
+
+async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_path, tiny_engine):
+    """The caller pauses (incomplete: a preemptive generation starts and produces tokens),
+    speaks on (discarded), and ends with a complete turn: the answer on the final
+    transcript is token-identical to a call without preemption, although the engine reused
+    the discarded generation's K/V for the common prefix."""
+    spy = SpyBackend(engine_backend(tiny_engine), after=2)
+
+    async def some_tokens() -> None:
+        await spy.reached.wait()
+
+    steps = [silence(0.3), tone(1.0), silence(0.4), some_tokens, tone(0.8), silence(0.6)]
+    log: list = []
+    call, _, _ = make_call(config(tmp_path / "pre"), steps, spy, ScriptedSTT(seconds_stt), LengthModel(1.5), log)
+    await asyncio.wait_for(call.run(), 120)
+
+    async def no_wait() -> None:
+        pass
+
+    base = SpyBackend(engine_backend(tiny_engine))
+    plain, _, _ = make_call(config(tmp_path / "plain", preemptive=False),
+                            [silence(0.3), tone(1.0), silence(0.4), no_wait, tone(0.8), silence(0.6)], base,
+                            ScriptedSTT(seconds_stt), LengthModel(1.5))
+    await asyncio.wait_for(plain.run(), 120)
+
+    (turn,) = call.turns
+    (plain_turn,) = plain.turns
+    discarded, final = spy.streams
+    assert len(discarded["tokens"]) >= 2 and discarded["closed"]
+    assert [e["why"] for e in events(log, "preemptive_discarded")] == ["caller_resumed"]
+    assert turn.user_text == plain_turn.user_text and discarded["messages"][-1]["content"] != turn.user_text
+    assert final["messages"] == base.streams[0]["messages"]
+    assert final["tokens"] == base.streams[0]["tokens"] and turn.agent_text == plain_turn.agent_text
+    # The final prompt's prefill reused the discarded generation's K/V (its common prefix).
+    assert turn.stats.prefilled_tokens < plain_turn.stats.prefilled_tokens
+    entry = load_report(call.report_path)["turns"][0]
+    assert entry["preemptive_hit"] is False
+    assert [e["event"] for e in entry["preemptive"]["events"]] == ["start", "llm_start", "discarded"]
+
+    # And the conversation stays exact afterwards: a next generation on it equals a fresh one.
+    from llm.types import SamplingParams
+
+    params = SamplingParams(max_new_tokens=12)
+    msgs = final["messages"] + [{"role": "assistant", "content": turn.agent_text},
+                                {"role": "user", "content": "And on Friday?"}]
+    conv = spy.inner.conversation
+    prompt = tiny_engine.chat_prompt(msgs)
+    reused = [t for g in tiny_engine.stream(prompt, params, conv) for t in g.token_ids]
+    fresh = [t for g in tiny_engine.stream(prompt, params, tiny_engine.new_conversation()) for t in g.token_ids]
+    assert reused == fresh
+
+
+# ---------------------------------------------------------------- (3) noise
+
+
+async def test_noise_with_an_empty_transcript_starts_no_llm(tmp_path):
+    backend = ScriptedBackend()
+    stt = ScriptedSTT("")
+    log: list = []
+    call, _, _ = make_call(config(tmp_path), [silence(0.3), tone(0.6), silence(2.0)], backend, stt,
+                           LengthModel(None), log)
+    await asyncio.wait_for(call.run(), 60)
+    assert backend.opened == 0 and call.preemptor.llm_starts == 0
+    assert [e["why"] for e in events(log, "preemptive_discarded")] == ["empty_transcript"]
+    assert call.skipped_utterances == 1 and call.turns == []
+    assert stt.calls == 1  # the turn reused the pause's (empty) transcript
+
+
+# ---------------------------------------------------------------- (4) bounded restarts
+
+
+class CountingSTT(ScriptedSTT):
+    def __init__(self, text):
+        super().__init__(text)
+        self.active = self.max_active = 0
+        self._lock = threading.Lock()
+
+    def transcribe(self, audio, sample_rate=16000):
+        with self._lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            return super().transcribe(audio, sample_rate)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+async def test_restarts_are_bounded_per_turn_and_never_overlap(tmp_path):
+    """A caller who pauses six times in one turn: one start per pause up to the cap, each
+    discarded when they speak on, never two at once."""
+    backend = SpyBackend(ScriptedBackend(["One. ", "Two. ", "Three."]))
+    stt = CountingSTT(seconds_stt)
+    steps = [silence(0.3)]
+    for _ in range(6):
+        steps += [tone(0.5), silence(0.4)]
+    steps += [silence(1.5)]
+    log: list = []
+    call, _, _ = make_call(config(tmp_path), steps, backend, stt, LengthModel(None), log)
+    await asyncio.wait_for(call.run(), 60)
+    starts = events(log, "preemptive_start")
+    assert len(starts) == MAX_STARTS_PER_TURN
+    assert [s["pause"] for s in starts] == [1, 2, 3]  # one start per pause, the first pauses
+    assert backend.max_active <= 1 and stt.max_active <= 1
+    (entry,) = load_report(call.report_path)["turns"]
+    assert entry["preemptive"]["starts"] == MAX_STARTS_PER_TURN and entry["preemptive_hit"] is False
+    assert entry["end_of_turn"]["pauses"] == 6
+
+
+# ---------------------------------------------------------------- (6) hang-up
+
+
+class HeldBackend(ScriptedBackend):
+    """Yields one group, then holds until cancelled (or closed)."""
+
+    def __init__(self):
+        super().__init__(["Let me see. "])
+        self.first = asyncio.Event()
+
+    async def stream(self, messages, params, cancel=None):
+        self.opened += 1
+        try:
+            yield _group("Let me see. ")
+            self.first.set()
+            await asyncio.Event().wait()  # a generation that only the end of the call stops
+        finally:
+            self.closed += 1
+
+
+def _group(text, finish=None):
+    from llm.types import TokenGroup
+
+    return TokenGroup((1,), text, 0, 0, finish_reason=finish)
+
+
+async def test_hang_up_during_a_preemptive_generation_ends_cleanly(tmp_path):
+    backend = HeldBackend()
+
+    async def generating() -> None:
+        await backend.first.wait()
+
+    before = snapshot()
+    log: list = []
+    call, _, sink = make_call(config(tmp_path), [silence(0.3), tone(1.0), silence(0.4), generating, "hangup"],
+                              backend, ScriptedSTT(seconds_stt), LengthModel(None), log)
+    report = await asyncio.wait_for(call.run(), 60)
+    assert report.end_reason == "caller_hangup" and call.report_path.exists()
+    assert backend.opened == backend.closed == 1 and sink.played == 0 and call.turns == []
+    assert [e["why"] for e in events(log, "preemptive_discarded")] == ["call_ended"]
+    assert not call.preemptor.busy
+    await assert_released(before)
+
+
+# ---------------------------------------------------------------- tools: only the first round is preempted
+
+
+class StubTools:
+    """A tool box with one tool; records each run with what had happened before it."""
+
+    def __init__(self, log: list):
+        self.log = log
+        self.runs = 0
+
+    def run(self, name, arguments):
+        from pipeline.tools import ToolOutcome
+
+        self.runs += 1
+        return ToolOutcome(name, {}, True, {"free": ["Tuesday 10:30"]}, None, 0.1)
+
+
+def tool_reply(messages):
+    if messages[-1]["role"] == "tool":
+        return ["Tuesday at ten thirty is free. ", "Shall I book it?"]
+    return ["Let me check. ", '<tool_call>\n{"name": "check_slots", "arguments": {}}\n</tool_call>']
+
+
+async def test_with_tools_the_kept_generation_is_the_first_round_and_the_tool_runs_after_the_turn_end(tmp_path):
+    async def no_wait() -> None:
+        pass
+
+    results = {}
+    for preemptive in (True, False):
+        log: list = []
+        spy = SpyBackend(ScriptedBackend(reply=tool_reply))
+
+        async def first_round_done() -> None:
+            if preemptive:
+                await spy.wait_finished(1)  # the whole first round (with its tool call) is buffered
+
+        steps = [silence(0.3), tone(1.0), silence(0.4), first_round_done if preemptive else no_wait, silence(1.6)]
+        call, _, _ = make_call(config(tmp_path / str(preemptive), preemptive), steps, spy, ScriptedSTT(seconds_stt),
+                               LengthModel(None), log)
+        tools = StubTools(log)
+        call.toolbox = tools
+        await asyncio.wait_for(call.run(), 60)
+        results[preemptive] = (call, spy, tools, log)
+    (pre, pre_spy, pre_tools, pre_log), (plain, plain_spy, plain_tools, _) = results[True], results[False]
+    assert pre.turns[0].agent_text == plain.turns[0].agent_text == "Let me check. Tuesday at ten thirty is free. Shall I book it?"
+    assert [s["messages"] for s in pre_spy.streams] == [s["messages"] for s in plain_spy.streams]
+    assert len(pre_spy.streams) == 2 and pre_tools.runs == plain_tools.runs == 1
+    kinds = [k for k, _ in pre_log]
+    assert kinds.index("preemptive_kept") > kinds.index("end_of_turn")
+    assert kinds.index("tool_call") > kinds.index("end_of_turn")  # the tool never runs on a guess
+    assert load_report(pre.report_path)["turns"][0]["preemptive_hit"] is True
