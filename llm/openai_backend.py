@@ -5,6 +5,16 @@ decoding and we only stream its deltas. Each streamed chunk becomes one TokenGro
 server's passes are invisible here, so `drafted`/`accepted` are 0 and `token_ids` is
 empty unless the server sends ids.
 
+Tools: `OpenAIChatBackend(..., tools=TOOL_SCHEMAS)` sends OpenAI's `tools` with every
+request. A server that parses the model's call (llama.cpp with its jinja templates, vLLM
+with a tool parser) streams it as `delta.tool_calls` pieces, keyed by `index`; they are
+put together here and, once the answer finishes, left in `last_tool_parse` (a
+`ToolCallParse`, as the text filter of llm/tool_calls.py gives) for the turn's tool loop
+(pipeline/stages/tools_step.py). A server that writes the call into the content instead
+is handled by that text filter, as for the in-process engine. Arguments that are not a
+JSON object make the parse an error, the same path as a bad `<tool_call>` block: an
+assistant message whose arguments a server cannot parse would fail the next request.
+
 Cancellation (barge-in) is checked while waiting for every chunk, not only between them,
 so a server stalled in prefill does not delay it: the HTTP stream is closed and a final
 group with finish_reason "cancelled" is yielded.
@@ -17,13 +27,15 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from llm.tool_calls import CLOSE, OPEN, ToolCall, ToolCallParse
 from llm.types import FinishReason, GenerationStats, SamplingParams, TokenGroup
 
-__all__ = ["OpenAIBackendError", "OpenAIChatBackend"]
+__all__ = ["OpenAIBackendError", "OpenAIChatBackend", "streamed_tool_parse", "wire_messages"]
 
 CancelEvent = asyncio.Event | threading.Event
 
@@ -46,6 +58,7 @@ class OpenAIChatBackend:
         *,
         extra_body: dict[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        tools: list[dict] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
@@ -56,6 +69,11 @@ class OpenAIChatBackend:
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self.last_stats: GenerationStats | None = None  # of the latest stream()
+        # OpenAI "tools" entries sent with every request (pipeline.tools.TOOL_SCHEMAS).
+        self.tools = list(tools) if tools else None
+        # The latest stream()'s tool calls from `delta.tool_calls`, once it finished; None
+        # when the server sent none (or the stream was cancelled before the end).
+        self.last_tool_parse: ToolCallParse | None = None
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None or self._client.is_closed:
@@ -83,7 +101,7 @@ class OpenAIChatBackend:
     def request_body(self, messages: list[dict[str, Any]], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": messages,
+            "messages": wire_messages(messages),
             "stream": True,
             "temperature": params.temperature,
             "top_p": params.top_p,
@@ -95,6 +113,8 @@ class OpenAIChatBackend:
             body["seed"] = params.seed
         if params.top_k > 0:  # not in OpenAI's API; vLLM and SGLang accept it
             body["top_k"] = params.top_k
+        if self.tools:
+            body["tools"] = self.tools
         body.update(self.extra_body)
         return body
 
@@ -106,6 +126,8 @@ class OpenAIChatBackend:
     ) -> AsyncIterator[TokenGroup]:
         stats = GenerationStats()
         self.last_stats = stats
+        self.last_tool_parse = None
+        calls: dict[int, _CallPieces] = {}  # the streamed tool calls, by index
         started = time.monotonic()
         if cancel is not None and cancel.is_set():
             yield TokenGroup((), "", 0, 0, finish_reason="cancelled")
@@ -130,14 +152,18 @@ class OpenAIChatBackend:
                         if event == "[DONE]":
                             # A server that ends without a finish_reason: the model stopped.
                             stats.total_s = time.monotonic() - started
+                            self.last_tool_parse = streamed_tool_parse(calls)
                             yield TokenGroup((), "", 0, 0, finish_reason="eos")
                             return
-                        group = self._group(event, stats, started)
+                        group = self._group(event, stats, started, calls)
                         if group is not None:
-                            if group.finish_reason is not None and self._wants_usage():
-                                # The usage chunk comes after the finish chunk (OpenAI, vLLM,
-                                # SGLang, llama.cpp): read it so last_stats has the counts.
-                                await self._read_usage(events, cancel, stats, started)
+                            if group.finish_reason is not None:
+                                # Before the final group: the turn reads it once the stream ends.
+                                self.last_tool_parse = streamed_tool_parse(calls)
+                                if self._wants_usage():
+                                    # The usage chunk comes after the finish chunk (OpenAI, vLLM,
+                                    # SGLang, llama.cpp): read it so last_stats has the counts.
+                                    await self._read_usage(events, cancel, stats, started)
                             yield group
                             if group.finish_reason is not None:
                                 return
@@ -176,7 +202,8 @@ class OpenAIChatBackend:
             pass
         stats.total_s = total_s  # the answer's time, not the trailer's
 
-    def _group(self, data: str, stats: GenerationStats, started: float) -> TokenGroup | None:
+    def _group(self, data: str, stats: GenerationStats, started: float,
+               calls: dict[int, _CallPieces] | None = None) -> TokenGroup | None:
         try:
             chunk = json.loads(data)
         except json.JSONDecodeError as exc:
@@ -198,10 +225,13 @@ class OpenAIChatBackend:
         ids = choice.get("token_ids") or delta.get("token_ids") or ()
         token_ids = tuple(int(i) for i in ids) if isinstance(ids, list) else ()
         finish = _finish_reason(choice)
-        if not text and not token_ids and finish is None:
+        called = calls is not None and _add_call_deltas(calls, delta.get("tool_calls"))
+        if not text and not token_ids and not called and finish is None:
             return None  # role-only or empty delta
         now = time.monotonic()
-        if text or token_ids:
+        # A piece of a tool call is generated text too (unheard): it counts as the engine's
+        # tool-call tokens do, and the turn sees the model at work (an empty group).
+        if text or token_ids or called:
             stats.passes += 1
             if stats.ttft_s is None:
                 stats.ttft_s = now - started
@@ -247,6 +277,107 @@ def _finish_reason(choice: dict[str, Any]) -> FinishReason | None:
     if reason == "error":
         return "error"
     return "stop"  # tool_calls, content_filter, ...: the server ended the answer
+
+
+@dataclass
+class _CallPieces:
+    """One streamed tool call being put together (OpenAI sends the name, then the
+    arguments in pieces; `id` comes with the first piece)."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+    def as_text(self) -> str:
+        """The call as the Hermes/Qwen format writes it (what the model wrote before the
+        server parsed it): quoted back to the model when the call cannot be run."""
+        args = self.arguments.strip() or "{}"
+        return f"{OPEN}\n{{\"name\": {json.dumps(self.name, ensure_ascii=False)}, \"arguments\": {args}}}\n{CLOSE}"
+
+
+def _add_call_deltas(calls: dict[int, _CallPieces], deltas: Any) -> bool:
+    """Add one chunk's `delta.tool_calls` to `calls`; True when it held any."""
+    if not isinstance(deltas, list) or not deltas:
+        return False
+    for position, d in enumerate(deltas):
+        if not isinstance(d, dict):
+            continue
+        index = d.get("index")
+        piece = calls.setdefault(index if isinstance(index, int) else position, _CallPieces())
+        if isinstance(d.get("id"), str) and d["id"] and not piece.id:
+            piece.id = d["id"]  # some servers repeat it on every piece
+        fn = d.get("function") or {}
+        if isinstance(fn.get("name"), str):
+            piece.name += fn["name"]
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            piece.arguments += args
+        elif isinstance(args, dict):  # a server that sends the object whole
+            piece.arguments = json.dumps(args, ensure_ascii=False)
+    return True
+
+
+def streamed_tool_parse(calls: dict[int, _CallPieces]) -> ToolCallParse | None:
+    """The finished stream's tool calls, in index order, as the turn's tool loop takes them
+    (llm.tool_calls.ToolCallParse): the calls with the server's ids, or one error naming
+    what is wrong (no name; arguments not a JSON object). None when there were none."""
+    if not calls:
+        return None
+    ordered = [calls[i] for i in sorted(calls)]
+    raw = "\n".join(p.as_text() for p in ordered)
+    out = []
+    for n, p in enumerate(ordered, 1):
+        problem = _call_problem(p)
+        if problem is not None:
+            return ToolCallParse((), f"tool call {n}: {problem}; the call was: {p.as_text()[:200]}", raw)
+        out.append(ToolCall(p.name, p.arguments.strip() or "{}", id=p.id or None))
+    return ToolCallParse(tuple(out), None, raw)
+
+
+def _call_problem(p: _CallPieces) -> str | None:
+    if not p.name.strip():
+        return 'no "name" in the call'
+    if not p.arguments.strip():
+        return None  # no arguments: {}
+    try:
+        value = json.loads(p.arguments)
+    except json.JSONDecodeError as exc:
+        return f"the arguments are not valid JSON ({exc.msg} at character {exc.pos})"
+    if not isinstance(value, dict):
+        return f'"arguments" must be a JSON object, got {type(value).__name__}'
+    return None
+
+
+def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as an OpenAI server takes it. The tool loop already appends
+    OpenAI-shaped messages; this makes sure of what a server parses: every `tool_calls`
+    entry has an id, the type, and its arguments as a string of JSON (a mapping is
+    encoded; text that is not JSON, e.g. a model's double-encoded arguments, is sent as a
+    JSON string, since llama.cpp parses the arguments of a past call and fails the request
+    on bad JSON). Messages without tool calls pass as they are."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if calls:
+            m = {**m, "tool_calls": [_wire_call(c, k) for k, c in enumerate(calls)]}
+        out.append(m)
+    return out
+
+
+def _wire_call(call: dict[str, Any], k: int) -> dict[str, Any]:
+    fn = dict(call.get("function") or {})
+    args = fn.get("arguments")
+    if args is None:
+        args = "{}"
+    elif not isinstance(args, str):
+        args = json.dumps(args, ensure_ascii=False)
+    else:
+        try:
+            json.loads(args)
+        except json.JSONDecodeError:
+            args = json.dumps(args, ensure_ascii=False)
+    fn["arguments"] = args
+    return {**call, "id": call.get("id") or f"call_{k}", "type": call.get("type") or "function", "function": fn}
 
 
 _CANCELLED = object()

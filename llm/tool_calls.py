@@ -47,6 +47,9 @@ class ToolCall:
 
     name: str
     arguments: str
+    # The server's id for a call it parsed itself (OpenAI `tool_calls`); None for a call
+    # parsed from text here (the turn numbers those).
+    id: str | None = None
 
     def message(self) -> dict:
         """The OpenAI-shaped `tool_calls` entry (arguments as a JSON string)."""

@@ -194,7 +194,8 @@ class AgentModels:
             from llm.openai_backend import OpenAIChatBackend
 
             o = config.llm.openai
-            return OpenAIChatBackend(o.base_url, o.model, os.environ.get(o.api_key_env), o.timeout_s)
+            return OpenAIChatBackend(o.base_url, o.model, os.environ.get(o.api_key_env), o.timeout_s,
+                                     tools=tool_schemas(config))
         from llm.backend import SpeculativeBackend
 
         return SpeculativeBackend(self.engine, tools=tool_schemas(config))

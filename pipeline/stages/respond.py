@@ -7,7 +7,8 @@ event (the engine stops between passes) and ends the stream here; what was pendi
 then not spoken. A failing model ends the turn with what it said so far and the error.
 
 With a tool box the turn may take several rounds (stages/tools_step.py): each round's
-text goes through a `ToolCallFilter`, so a tool call's tokens are never spoken.
+text goes through a `ToolCallFilter`, so a tool call's tokens are never spoken; a backend
+that receives calls already parsed (the OpenAI one) leaves them in `last_tool_parse`.
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ class AnswerStream:
             parse = ToolCallParse()
             if filt is not None:
                 tail, parse = filt.finish()
+                # Calls the server parsed itself (OpenAI `tool_calls`, llm/openai_backend.py)
+                # come from the backend; the filter's parse is for calls written as text.
+                parsed = getattr(self.backend, "last_tool_parse", None)
+                if parsed is not None and parsed.found:
+                    parse = parsed
                 if not self.barge_in.fired:
                     said.append(self.say(tail))
             if not self.barge_in.fired:

@@ -85,7 +85,8 @@ async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: in
         emit("tool_call", name=None, ok=False, error=parse.error)
         return [{"role": "assistant", "content": (said.rstrip() + "\n" + parse.raw).strip()},
                 {"role": "tool", "content": json.dumps({"error": parse.error}, ensure_ascii=False)}], False
-    ids = [f"call_{len(result.tool_calls) + i}" for i in range(len(parse.calls))]
+    # A server's own ids (OpenAI tool_calls) are kept: its tool messages must answer them.
+    ids = [c.id or f"call_{len(result.tool_calls) + i}" for i, c in enumerate(parse.calls)]
     step: list[dict] = [{"role": "assistant", "content": said.strip(),
                          "tool_calls": [{"id": i, **c.message()} for i, c in zip(ids, parse.calls)]}]
     ok_all = True
