@@ -167,6 +167,15 @@ MALFORMED = [
 ]
 
 
+def test_a_blank_optional_argument_is_left_out_not_refused(box, store):
+    """A model writing "phone": "" for a number the caller never gave books the slot without one."""
+    outcome = box.run("book_slot", {"slot": FRIDAY, "name": "Ann", "phone": " "})
+    assert outcome.ok, outcome.error
+    assert [(b.name, b.phone) for b in store.bookings()] == [("Ann", None)]
+    assert box.run("take_message", {"name": "Ann", "text": "call me", "callback": ""}).ok
+    assert box.run("check_slots", {"day": ""}).ok
+
+
 @pytest.mark.parametrize("name, arguments, expected", MALFORMED, ids=[f"{i}-{m[0]}" for i, m in enumerate(MALFORMED)])
 def test_a_malformed_call_is_a_clear_error(box, store, name, arguments, expected):
     outcome = box.run(name, arguments)
