@@ -190,6 +190,24 @@ async def test_business_refusal_is_fed_back_and_the_model_recovers(store):
     assert spoken[0] == "That slot was just taken." and not result.fallback
 
 
+async def test_a_turn_whose_tools_ran_never_ends_silent(store):
+    """The 1.5B booked, called again, was refused, then wrote nothing (bench tools): the
+    caller hears what the database did, from the successful booking's result."""
+    booking = call("book_slot", slot=SLOTS[0], name="Zoë Ng")
+    backend = ScriptedBackend(reply=rounds(booking, booking, ""))
+    result, spoken, _ = await turn(backend, Box(store))
+    assert [c["ok"] for c in result.tool_calls] == [True, False]  # the repeat was refused: already booked
+    assert spoken == [f"You're booked for {SLOTS[0]}, under the name Zoë Ng."] and not result.fallback
+    assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Zoë Ng")]
+
+
+async def test_a_silent_turn_after_only_failed_tools_speaks_the_fallback(store):
+    backend = ScriptedBackend(reply=rounds(call("cancel_booking", name="Nobody", slot=SLOTS[1]), ""))
+    result, spoken, _ = await turn(backend, Box(store))
+    assert [c["ok"] for c in result.tool_calls] == [False]
+    assert spoken == [FALLBACK] and result.fallback
+
+
 async def test_a_model_that_keeps_calling_tools_is_stopped(store):
     backend = ScriptedBackend(reply=rounds(call("check_slots")))
     result, spoken, _ = await turn(backend, Box(store))

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "ToolRunner", "tool_turn"]
+__all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "ToolRunner", "result_line", "tool_turn"]
 
 MAX_ROUNDS = 3
 FALLBACK = "Sorry, I couldn't do that. Let me take a message instead."
@@ -52,8 +52,16 @@ async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
     failures = 0
     for n in range(max_rounds + 1):
         said, parse = await answer.round(messages, ToolCallFilter())
-        if barge_in.fired or not parse.found or result.finish_reason in ("cancelled", "error"):
-            break
+        if barge_in.fired or result.finish_reason in ("cancelled", "error"):
+            return
+        if not parse.found:
+            if result.tool_calls and not result.sentences:
+                # Tools ran and the model then said nothing (bench tools: the 1.5B booked,
+                # repeated the call, was refused, and went quiet): the caller must not be left
+                # in silence. Say what the database did, from the tool results themselves.
+                line = result_line(result.tool_calls)
+                _fall_back(answer) if line == FALLBACK else answer.line(line)
+            return
         if n == max_rounds:
             _record_refused(result, parse, n, f"more than {max_rounds} tool rounds in one turn")
             _fall_back(answer)
@@ -129,6 +137,25 @@ def _record_refused(result: Any, parse: ToolCallParse, n: int, why: str) -> None
     t = time.monotonic()
     names = ", ".join(c.name for c in parse.calls) or None
     result.tool_calls.append(_entry(names, parse.raw, False, None, f"not run: {why}", 0.0, None, None, n, t, t))
+
+
+def result_line(calls: list[dict]) -> str:
+    """One true sentence about a turn's tool calls: the last call that changed something (or
+    listed slots), from its result; FALLBACK if none succeeded."""
+    for c in reversed(calls):
+        r = c["result"] if c["ok"] and isinstance(c["result"], dict) else None
+        if r is None:
+            continue
+        if r.get("booked"):
+            return f"You're booked for {r['slot']}, under the name {r['name']}."
+        if r.get("cancelled"):
+            return f"Your booking for {r['slot']} is cancelled."
+        if r.get("message_taken"):
+            return "I've taken your message, and someone will call you back."
+        if "open_slots" in r:
+            slots = r["open_slots"]
+            return f"The open slots are: {'; '.join(slots)}." if slots else "There are no open slots right now."
+    return FALLBACK
 
 
 def _fall_back(answer: AnswerStream) -> None:
