@@ -162,12 +162,13 @@ async def test_booking_both_slots_when_the_caller_changed_their_mind_scores_wron
 
 
 async def test_the_right_call_refused_by_the_tool_box_scores_wrong(dialogues, tmp_path):
-    """Seen with the 1.5B: book_slot with the right slot and name but phone "" (refused:
-    empty); the call booked nothing, so neither the state nor the tools are right."""
+    """book_slot with the right slot and name but an argument the tool does not have
+    (refused); the call booked nothing, so neither the state nor the tools are right."""
     _, v = await played(dialogues["book_tuesday"], tmp_path,
-                        [call("book_slot", slot=T, name="Ann Lee", phone=""), "I'm sorry, I can't help you with that."])
+                        [call("book_slot", slot=T, name="Ann Lee", phone_number="555"),
+                         "I'm sorry, I can't help you with that."])
     assert not v["state_ok"] and not v["tools_ok"] and v["matched_calls"] == 0 and v["malformed_calls"] == 1
-    assert v["tool_problems"][0].startswith("call book_slot") and "phone is empty" in v["tool_problems"][0]
+    assert v["tool_problems"][0].startswith("call book_slot") and "not an argument" in v["tool_problems"][0]
 
 
 def test_a_double_booking_is_counted_and_scores_wrong(dialogues):
