@@ -7,6 +7,7 @@ generation reached a point); nothing asserts on wall-clock time."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import numpy as np
@@ -72,9 +73,11 @@ class LogSink:
     def __init__(self, log: list):
         self.log = log
         self.played = 0
+        self.playing = asyncio.Event()
 
     def play(self, chunk):
         self.played += 1
+        self.playing.set()
         self.log.append(("play", self.played))
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(None)
@@ -268,19 +271,47 @@ async def test_kept_preemption_is_token_identical_and_nothing_plays_before_the_t
 # ---------------------------------------------------------------- (2) discarded, then the real answer
 
 
+class HoldAfter:
+    """The engine's pass lock: the first `passes` acquisitions go through, later ones wait
+    for `release` (a threading.Event the test sets)."""
+
+    def __init__(self, inner, passes: int):
+        self.inner, self.passes = inner, passes
+        self.release = threading.Event()
+        self.taken = 0
+
+    def __enter__(self):
+        self.taken += 1
+        if self.taken > self.passes:
+            self.release.wait(60)
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+
 async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_path, tiny_engine):
     """The caller pauses (incomplete: a preemptive generation starts and produces tokens),
     speaks on (discarded), and ends with a complete turn: the answer on the final
     transcript is token-identical to a call without preemption, although the engine reused
     the discarded generation's K/V for the common prefix."""
-    spy = SpyBackend(engine_backend(tiny_engine), after=2)
+    # The engine runs the prefill and one pass, then waits until the start is discarded: the
+    # caller speaks on while the generation is still going, on any CPU.
+    lock = HoldAfter(tiny_engine.lock, passes=2)
+    spy = SpyBackend(engine_backend(dataclasses.replace(tiny_engine, lock=lock)), after=2)
 
     async def some_tokens() -> None:
         await spy.reached.wait()
 
     steps = [silence(0.3), tone(1.0), silence(0.4), some_tokens, tone(0.8), silence(0.6)]
     log: list = []
+
+    def on_log(kind: str) -> None:
+        if kind == "preemptive_discarded":
+            lock.release.set()
+
     call, _, _ = make_call(config(tmp_path / "pre"), steps, spy, ScriptedSTT(seconds_stt), LengthModel(1.5), log)
+    call.on_event = lambda kind, data: (log.append((kind, data)), on_log(kind))
     await asyncio.wait_for(call.run(), 120)
 
     async def no_wait() -> None:
@@ -295,7 +326,8 @@ async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_pat
     (turn,) = call.turns
     (plain_turn,) = plain.turns
     discarded, final = spy.streams
-    assert len(discarded["tokens"]) >= 2 and discarded["closed"]
+    # Stopped mid-answer by the cancel (between passes), not run to its end.
+    assert len(discarded["tokens"]) >= 2 and discarded["finish"] == "cancelled" and discarded["closed"]
     assert [e["why"] for e in events(log, "preemptive_discarded")] == ["caller_resumed"]
     assert turn.user_text == plain_turn.user_text and discarded["messages"][-1]["content"] != turn.user_text
     assert final["messages"] == base.streams[0]["messages"]
@@ -471,3 +503,71 @@ async def test_with_tools_the_kept_generation_is_the_first_round_and_the_tool_ru
     assert kinds.index("preemptive_kept") > kinds.index("end_of_turn")
     assert kinds.index("tool_call") > kinds.index("end_of_turn")  # the tool never runs on a guess
     assert load_report(pre.report_path)["turns"][0]["preemptive_hit"] is True
+
+
+# ---------------------------------------------------------------- barge-in on a kept answer
+
+
+class HeldAfterFirstGroup(ScriptedBackend):
+    """Says one sentence, then waits for the test's `proceed` and ends as the cancel says."""
+
+    def __init__(self):
+        super().__init__()
+        self.proceed = asyncio.Event()
+        self.saw_cancel: list[bool] = []  # per stream: was it cancelled when told to proceed
+
+    async def stream(self, messages, params, cancel=None):
+        self.opened += 1
+        try:
+            yield _group("Let me see. ")
+            yield _group("We")  # proves the sentence before it complete
+            await self.proceed.wait()
+            self.saw_cancel.append(cancel is not None and cancel.is_set())
+            yield _group("", "cancelled") if self.saw_cancel[-1] else _group(" open at nine.", "eos")
+        finally:
+            self.closed += 1
+
+
+async def test_a_barge_in_stops_a_kept_preemptive_generation(tmp_path):
+    backend = HeldAfterFirstGroup()
+    sinks = []
+
+    async def agent_speaking() -> None:
+        await sinks[0].playing.wait()
+
+    log: list = []
+    steps = [silence(0.3), tone(1.0), silence(0.4), silence(1.6), agent_speaking, tone(0.5), silence(0.3)]
+    call, _, sink = make_call(config(tmp_path), steps, backend, ScriptedSTT(seconds_stt), LengthModel(2.0), log)
+    sinks.append(sink)
+    call.on_event = lambda kind, data: (log.append((kind, data)), kind == "barge_in" and backend.proceed.set())
+    await asyncio.wait_for(call.run(), 60)
+    first = call.turns[0]
+    # The turn's barge-in reached the kept generation; the caller's new words are a new
+    # turn, answered (preemptively too) in full.
+    assert first.interrupted and backend.saw_cancel == [True, False]
+    assert first.sentences == ["Let me see."] and first.finish_reason == "cancelled"
+    assert backend.opened == backend.closed
+    assert [t["preemptive_hit"] for t in load_report(call.report_path)["turns"]] == [True, True]
+    assert call.turns[1].agent_text == "Let me see. We open at nine."
+
+
+async def test_hang_up_while_a_kept_generation_is_being_spoken_ends_cleanly(tmp_path):
+    """The turn kept the preemptive generation and is speaking it; the backend is stuck
+    (it would wait for `proceed` forever): the hang-up still ends the call at once."""
+    backend = HeldAfterFirstGroup()
+    sinks = []
+
+    async def agent_speaking() -> None:
+        await sinks[0].playing.wait()
+
+    before = snapshot()
+    call, _, sink = make_call(config(tmp_path), [silence(0.3), tone(1.0), silence(2.0), agent_speaking, "hangup"],
+                              backend, ScriptedSTT(seconds_stt), LengthModel(2.0))
+    sinks.append(sink)
+    report = await asyncio.wait_for(call.run(), 60)
+    assert report.end_reason == "caller_hangup" and call.report_path.exists()
+    assert backend.opened == backend.closed == 1 and backend.saw_cancel == []
+    entry = load_report(call.report_path)["turns"][0]
+    assert entry["preemptive_hit"] is True and entry["agent_text"].startswith("Let me see.")
+    assert not call.preemptor.busy
+    await assert_released(before)

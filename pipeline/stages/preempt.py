@@ -366,4 +366,8 @@ async def replay(p: Preemption, cancel: Any = None) -> AsyncIterator[TokenGroup]
         if not p.finished:
             p.stop.set()
         if p.task is not None and not p.task.done():
+            # Also cancelled: a backend waiting on something else than its next pass (a
+            # stalled server) must not hold up a hang-up; the relay still waits for the
+            # engine's current pass, so nothing outlives this.
+            p.task.cancel()
             await asyncio.wait({p.task})
