@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llm.types import LLMBackend, SamplingParams
+from pipeline.business import rules_block
 from pipeline.config import Config
 from pipeline.ports import SpeechToText, TextToSpeech
 from pipeline.stages.turn_taking import EndOfTurnModel, TurnTaker
@@ -51,19 +52,22 @@ def system_prompt(config: Config) -> str:
     if not config.tools.enabled:
         return config.agent.system_prompt
     base, a = config.agent.system_prompt, config.agent
+    rules = ""
     if a.prompt_rules and base == a.built_prompt(config.business):
-        # The rules ("only the facts; else say I'm not sure...") with the tools in the
-        # prompt made the 1.5B answer every request with the fixed sentence, opening hours
-        # included (measured, issue 15); without them it called the tools and still
-        # answered the facts. A prompt the user wrote is kept as written.
+        # The rules go after the tools paragraph, as rules for questions. Before it (as in a
+        # prompt without tools) they made the 1.5B answer booking requests with the fixed
+        # sentence; dropped, it made false claims on 39% of bench quality's questions. After
+        # it: 9% false claims and more dialogues booked right (bench quality / bench tools,
+        # README). A prompt the user wrote is kept as written.
         base = a.model_copy(update={"prompt_rules": False}).built_prompt(config.business)
+        rules = "\n\n" + rules_block(config.business, questions_only=True)
     slots = config.business.open_slots or []
     example = json.dumps({"name": "book_slot", "arguments": {
         "slot": slots[-1] if slots else "Monday 9:00 a.m.", "name": "Jo Park"}}, ensure_ascii=False)
     return (f"{base}\n\nTools: when the caller wants to book a slot, cancel a booking, "
             "leave a message or speak to a person, reply with only the tool call, for example:\n"
             f"<tool_call>\n{example}\n</tool_call>\n"
-            "After the tool's result, tell the caller in one short sentence what it says.")
+            "After the tool's result, tell the caller in one short sentence what it says." + rules)
 
 
 def tool_schemas(config: Config) -> list[dict] | None:

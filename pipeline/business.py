@@ -151,11 +151,15 @@ FALLBACK = "I'm not sure about that. I can take a message and have someone call 
 CHECKER = ("Callers often get facts wrong; compare what they say with the facts before you agree.")
 
 
-def _rules(b: BusinessConfig) -> str:
+def rules_block(b: BusinessConfig, questions_only: bool = False) -> str:
+    """The rules. `questions_only`: headed as rules for questions, for a prompt whose tools
+    paragraph comes before them (pipeline.agent.system_prompt), so that a booking request
+    goes to the tools rather than to the fixed sentence."""
     # A sentence to say word for word works where "say you will check" did not: the 1.5B
     # model then stops inventing prices and services. It also over-uses it (see README).
-    return ("Rules:\n- Use only these facts.\n"
-            f"- If the facts do not answer the question, say: \"{b.fallback or FALLBACK}\"\n"
+    return (("Rules for questions:" if questions_only else "Rules:") + "\n- Use only these facts.\n"
+            f"- If the facts do not answer {'a' if questions_only else 'the'} question, "
+            f"say: \"{b.fallback or FALLBACK}\"\n"
             "- Never agree with something the facts do not say.")
 
 
@@ -259,7 +263,7 @@ def system_prompt(business: BusinessConfig, layout: Layout = "lines", rules: boo
         shown = _builtin_examples(b) + list(b.examples or [])
         parts.append("Examples:\n" + "\n".join(f'Caller: "{e.caller}"\nYou: "{e.agent}"' for e in shown))
     if rules:
-        parts.append(_rules(b))
+        parts.append(rules_block(b))
     return "\n\n".join(parts)
 
 

@@ -12,8 +12,8 @@ Schema "specvoice.call_report/1" (times in seconds):
                                (only on turns that called a tool),
                 "preemptive_hit": true | false (only on turns where a preemptive generation started:
                                   true when the turn kept it),
-                "preemptive": {"starts", "events": [{"event": "start" | "llm_start" | "kept" |
-                               "discarded", "t" (seconds since call start), "why" (discarded),
+                "preemptive": {"starts", "events": [{"event": one of start, llm_start, kept,
+                               discarded; "t" (seconds since call start), "why" (discarded),
                                "pause", "audio_s" (start), "groups_ready", "finished" (kept)}]}}],
      "summary": {"turns", "metrics": {metric: {"p50", "p90", "max", "n"}},
                  "llm": {"tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"},

@@ -345,6 +345,8 @@ def _tools_config(tmp_path, enabled=True, **agent):
 
     data = load_config("default").model_dump()
     data["agent"].update(agent)
+    if agent:
+        data["agent"]["system_prompt"] = ""  # rebuilt from [business] with the new options
     data["tools"] = {"enabled": enabled, "database": str(tmp_path / "bookings.sqlite")}
     return Config.model_validate(data)
 
@@ -356,8 +358,14 @@ def test_system_prompt_with_tools(tmp_path):
     assert system_prompt(off) == off.agent.system_prompt and tool_schemas(off) is None
     on = _tools_config(tmp_path)
     prompt = system_prompt(on)
-    assert "Rules:" not in prompt and "Open slot: Tuesday 10:30 a.m. with Dr. Patel" in prompt
-    assert prompt.endswith("tell the caller in one short sentence what it says.")
+    assert "Open slot: Tuesday 10:30 a.m. with Dr. Patel" in prompt
+    # The rules come after the tools paragraph, as rules for questions (measured: README).
+    facts, tools, rules = prompt.split("\n\n")[-3:]
+    assert tools.startswith("Tools:") and tools.endswith("tell the caller in one short sentence what it says.")
+    assert rules.startswith("Rules for questions:\n- Use only these facts.") and "Rules:" not in prompt
+    assert prompt.count("I'm not sure about that.") == 1
+    no_rules = system_prompt(_tools_config(tmp_path, prompt_rules=False))
+    assert "Rules" not in no_rules and no_rules.endswith("what it says.")
     assert {t["function"]["name"] for t in tool_schemas(on)} >= {"book_slot", "check_slots", "transfer_to_human"}
     # A prompt the user wrote is not rebuilt, only given the tools paragraph.
     from pipeline.config import load_config

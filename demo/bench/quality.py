@@ -49,8 +49,8 @@ machine is noisy; speeds count only within one run):
   checker          lines + rules, opening "callers often get facts wrong; compare..."
   config           what --config's [agent] says (the default config: the shipped default)
   tools            config's prompt as a call with [tools] enabled has it (a tools paragraph,
-                   no rules block) and the tool schemas; scores what the caller would hear
-                   and counts the answers that called a tool instead
+                   then the rules as rules for questions) and the tool schemas; scores what
+                   the caller would hear and counts the answers that called a tool instead
 
 Speed is reported per variant: tokens/s after the first token, TTFT and first-sentence
 latency (median, with the system prompt's K/V already computed, as on a call), and the
@@ -81,7 +81,7 @@ VARIANTS: dict[str, dict | None] = {
     "checker": {"prompt_layout": "lines", **_OFF, "prompt_rules": True, "prompt_persona": "checker"},
     "config": {},
     # The config's prompt as a call with [tools] enabled sees it (pipeline.agent.system_prompt:
-    # the tools paragraph, the rules left out) with the tool schemas in the chat template; the
+    # the tools paragraph, then the rules for questions) with the tool schemas in the chat template; the
     # answer is what the caller would hear (text before a tool call), and a tool call is counted.
     "tools": {},
 }
