@@ -30,8 +30,8 @@ speculation in every run), one call per mode, side by side:
   smart_turn  Smart Turn v3.2 on a short pause, "incomplete" waits (turn.preemptive off)
   preemptive  smart_turn, and the LLM starts while an "incomplete" pause waits (kept only
               when the turn ends on that same audio: token-identical)
-The default lines are then the questions plus lines spoken in two parts with a pause
-(--pause-ms) after words that cannot end a turn. Per mode: voice-to-voice and first
+The default lines are then the questions, lines spoken in two parts with a pause
+(--pause-ms) after words that cannot end a turn, and lines the caller trails off at. Per mode: voice-to-voice and first
 sentence p50/p90, lines cut in two (answered more than once), preemptive hit rate.
 
   specvoice bench pipeline --turn-modes silence,smart_turn,preemptive --out turns.json
@@ -50,6 +50,12 @@ PAUSED = [
     ("Do you accept", "Delta Dental insurance?"),
     ("My name is Ann Lee and I need to cancel my appointment on", "Friday."),
 ]
+# Lines a caller trails off at (Smart Turn tends to hear them as incomplete: the turn ends
+# at turn.max_silence_ms, the case preemptive generation is for).
+TRAILING = [
+    "Yes, I would like the Tuesday slot, I think, so",
+    "I wanted to ask about the whitening, and",
+]
 TURN_MODES = ("silence", "smart_turn", "preemptive")
 COLUMNS = ["endpoint_delay", "stt_latency", "ttft", "first_sentence_latency", "tts_first_audio", "voice_to_voice",
            "llm_total"]
@@ -66,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--turn-modes default lines: the pause inside a two-part line (default: %(default)s)")
     parser.add_argument("--paused-lines", type=int, default=len(PAUSED),
                         help="--turn-modes default lines: how many two-part lines (default: %(default)s)")
+    parser.add_argument("--trailing-lines", type=int, default=len(TRAILING),
+                        help="--turn-modes default lines: how many lines that trail off (default: %(default)s)")
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -179,6 +187,19 @@ def _mode_summary(report: dict, lines: int) -> dict:
             "preemptive": pre, "report": report["report_path"]}
 
 
+def _insert_pause(pcm, rate: int, at: float, pause_s: float):
+    """`pcm` with `pause_s` of silence inserted at its quietest 20 ms within 12% of the
+    fraction `at` of its length (between two words, where the text splits)."""
+    import numpy as np
+
+    frame = rate // 50
+    n = len(pcm) // frame
+    lo, hi = max(1, int((at - 0.12) * n)), min(n - 1, int((at + 0.12) * n))
+    energy = [float(np.sqrt(np.mean(np.square(pcm[k * frame:(k + 1) * frame])))) for k in range(lo, hi)]
+    cut = (lo + int(np.argmin(energy))) * frame + frame // 2
+    return np.concatenate([pcm[:cut], np.zeros(int(rate * pause_s), np.float32), pcm[cut:]]).astype(np.float32)
+
+
 def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
     import asyncio
 
@@ -197,9 +218,15 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
             pcm, rate = speak(text)
             wavs.append(write_wav(work / f"q{i}.wav", pcm, rate))
         for i, (first, second) in enumerate(PAUSED[: args.paused_lines]):
-            (a, rate), (b, _) = speak(first), speak(second)
-            pause = np.zeros(int(rate * args.pause_ms / 1000), np.float32)
-            wavs.append(write_wav(work / f"p{i}.wav", np.concatenate([a, pause, b]), rate))
+            # The whole sentence spoken at once, split at the quietest point near the word
+            # boundary: said apart, Piper ends the fragment as a sentence (falling pitch),
+            # and Smart Turn rightly hears it as complete.
+            pcm, rate = speak(f"{first} {second}")
+            wavs.append(write_wav(work / f"p{i}.wav", _insert_pause(pcm, rate, len(first) / len(f"{first} {second}"),
+                                                                    args.pause_ms / 1000), rate))
+        for i, text in enumerate(TRAILING[: args.trailing_lines]):
+            pcm, rate = speak(text)
+            wavs.append(write_wav(work / f"t{i}.wav", pcm, rate))
     end_of_turn = models.end_of_turn
     if end_of_turn is None and any(m != "silence" for m in modes):
         end_of_turn = load_end_of_turn(_mode_config(config, "smart_turn"))
