@@ -18,6 +18,7 @@ from pipeline.call import Call
 from pipeline.config import load_config
 from pipeline.ports import AudioFrame
 from pipeline.report import load_report
+from pipeline.stages.listen import KeyPress
 from pipeline.stages.preempt import MAX_STARTS_PER_TURN
 from pipeline.stages.turn_taking import TurnTaker
 from voice.endpointer import EndpointConfig, Endpointer
@@ -56,6 +57,9 @@ class ScriptSource:
                 return
             if callable(step):
                 await step()
+                continue
+            if isinstance(step, KeyPress):
+                yield step
                 continue
             for i in range(0, len(step), FRAME):
                 pcm = np.zeros(FRAME, np.float32)
@@ -193,6 +197,31 @@ def engine_backend(engine):
 
 def events(log, kind):
     return [data for k, data in log if k == kind]
+
+
+# ---------------------------------------------------------------- the turn-taker's pending pauses
+
+
+async def test_a_waiting_pause_is_announced_with_the_audio_its_turn_end_will_carry():
+    from pipeline.stages.preempt import same_audio
+    from pipeline.stages.turn_taking import TurnPending
+    from voice.endpointer import SpeechEnded, SpeechStarted
+
+    def piece(start, end):
+        return SpeechEnded(tone(end - start), start, end, end + 0.2, "silence", start)
+
+    quiet = TurnTaker(LengthModel(None), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0)
+    assert await quiet.on_event(piece(0.0, 1.0)) == []  # not asked to announce: as before
+    t = TurnTaker(LengthModel(None), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                  announce_pauses=True)
+    (first,) = await t.on_event(piece(0.0, 1.0))
+    assert isinstance(first, TurnPending) and first.pauses == 1 and len(first.audio) == RATE
+    await t.on_event(SpeechStarted(1.5, 1.6))
+    (second,) = await t.on_event(piece(1.5, 2.0))
+    assert second.pauses == 2 and len(second.audio) == int(1.5 * RATE)
+    end = t.on_time(2.0 + 1.5)
+    assert end is not None and end.reason == "timeout"
+    assert same_audio(second, end) and not same_audio(first, end)
 
 
 # ---------------------------------------------------------------- (1) kept == not preempted
@@ -571,3 +600,30 @@ async def test_hang_up_while_a_kept_generation_is_being_spoken_ends_cleanly(tmp_
     assert entry["preemptive_hit"] is True and entry["agent_text"].startswith("Let me see.")
     assert not call.preemptor.busy
     await assert_released(before)
+
+
+# ---------------------------------------------------------------- a keypad turn in the middle
+
+
+async def test_a_keypad_turn_during_a_pause_discards_the_preemption_and_never_shares_the_model(tmp_path):
+    """Keys pressed while a voice turn is pending are answered first: that answer changes
+    the history the preemptive generation started on, so it is stopped before the keypad
+    turn generates, and the voice turn then generates on the new history."""
+    spy = SpyBackend(ScriptedBackend(reply=lambda m: [f"Answer {len(m)}. ", "Done."]), after=1)
+
+    async def generating() -> None:
+        await spy.reached.wait()
+
+    log: list = []
+    steps = [silence(0.3), tone(1.0), silence(0.4), generating, KeyPress("1", 0.0), KeyPress("#", 0.0), silence(1.6)]
+    call, _, _ = make_call(config(tmp_path), steps, spy, ScriptedSTT(seconds_stt), LengthModel(None), log)
+    await asyncio.wait_for(call.run(), 60)
+    keypad, voice = call.turns
+    assert keypad.user_text == "[keypad] 1" and voice.user_text.startswith("I would like")
+    assert [e["why"] for e in events(log, "preemptive_discarded")] == ["another_turn"]
+    assert spy.max_active == 1 and len(spy.streams) == 3  # preemptive, keypad, voice: one at a time
+    # The voice turn's answer was generated on the history with the keypad exchange in it.
+    assert spy.streams[2]["messages"][-3]["content"] == "[keypad] 1"
+    assert voice.agent_text == f"Answer {len(spy.streams[2]['messages'])}. Done."
+    entry = load_report(call.report_path)["turns"][1]
+    assert entry["preemptive_hit"] is False

@@ -320,6 +320,8 @@ class PreemptedBackend:
         # Anything else a stage reads of the backend after a stream (the OpenAI backend's
         # `last_tool_parse`: calls the server parsed) is the call's backend's: nothing else
         # ran on it since the kept generation (settled before the turn generates).
+        if name in ("backend", "preemption") or name.startswith("__"):
+            raise AttributeError(name)  # not set yet (a copy being built): no recursion
         return getattr(self.backend, name)
 
     async def aclose(self) -> None:
