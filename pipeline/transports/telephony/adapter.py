@@ -16,6 +16,8 @@ TelephonyCall (`agent_action`) before it returns; the bridge then closes the str
 answers Twilio's request for what comes next (server.py: a <Dial> for a transfer). With no
 number to transfer to (bridge.transfer_to empty), transfer_to_human fails with a sentence
 the model acts on (offer to take a message) instead of ending the call on an empty promise.
+Caller ID: the `start` message's `From` custom parameter (the /voice TwiML passes Twilio's
+`From` as a <Parameter>) goes to the call's tools: bookings and messages record who called.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from voice.audio import PHONE_RATE, STT_RATE, to_float32
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NoTransferLine", "TelephonySource", "make_call_handler"]
+__all__ = ["NoTransferLine", "TelephonySource", "caller_id", "make_call_handler"]
 
 KEEP_CALLS = 64  # finished pipeline Calls kept in `on_call.calls` (tests, the in-process demo)
 
@@ -105,6 +107,14 @@ class NoTransferLine:
         return dataclasses.replace(outcome, ok=False, result=None, error=self.UNAVAILABLE, action=None, reason=None)
 
 
+def caller_id(start: Any) -> str | None:
+    """The caller's number from the `start` message: the `From` custom parameter, which the
+    /voice TwiML sets from Twilio's webhook (`<Parameter name="From" .../>`). None when the
+    stream did not come through that TwiML (a client that sent no parameters)."""
+    value = (start.custom_parameters or {}).get("From")
+    return (value.strip() or None) if isinstance(value, str) else None
+
+
 def make_call_handler(
     config: Config,
     models: Any = None,
@@ -149,7 +159,7 @@ def make_call_handler(
         tools: dict[str, Any] = {}
         new_toolbox = getattr(agent_models, "new_toolbox", None)
         if new_toolbox is not None:
-            toolbox = new_toolbox(call_id)
+            toolbox = new_toolbox(call_id, caller_id(start))
             tools["toolbox"] = toolbox if toolbox is None or config.bridge.transfer_to else NoTransferLine(toolbox)
         pipeline_call = Call.from_models(
             config, agent_models, source, sink, call_id=call_id, report_dir=report_dir, greeting=greeting,
