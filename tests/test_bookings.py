@@ -388,7 +388,7 @@ def test_two_connections_share_one_sqlite_file(tmp_path):
 def filled(tmp_path) -> Path:
     path = tmp_path / "bookings.sqlite"
     with open_store(path, open_slots=SLOTS) as store:
-        store.book(TUESDAY, STRANGE_NAME, "555-0100", call_id="call-1")
+        store.book(TUESDAY, STRANGE_NAME, "555-0100", call_id="call-1", caller="+15550177")
         store.book(FRIDAY, "Bob", call_id="call-2")
         store.cancel("bob", slot=FRIDAY)
         store.add_message("Cara", "call me back,\nplease", "555-0102", call_id="call-3")
@@ -408,6 +408,7 @@ def test_cli_lists_bookings_messages_and_slots(filled, capsys):
     code, out, _ = _cli(capsys, "--database", str(filled))
     assert code == 0
     assert STRANGE_NAME.strip() in out and "cancelled" in out and "2 booking(s)" in out
+    assert "caller" in out.splitlines()[0] and "+15550177" in out  # who called, as Twilio said
     code, out, _ = _cli(capsys, "list", "--active", "--database", str(filled))
     assert code == 0 and "Bob" not in out and "1 booking(s)" in out
     code, out, _ = _cli(capsys, "messages", "--database", str(filled))

@@ -118,11 +118,11 @@ def run(args: argparse.Namespace) -> int:
             rows = [b.as_dict() for b in store.bookings(include_cancelled=not args.active)]
             for row in rows:
                 row["status"] = f"cancelled {row['cancelled_at']}" if row["cancelled_at"] else "booked"
-            print(_columns(rows, ["id", "slot", "name", "phone", "status", "call_id", "created_at"]))
+            print(_columns(rows, ["id", "slot", "name", "phone", "caller", "status", "call_id", "created_at"]))
             print(f"\n{len(rows)} booking(s) in {store.where}")
         elif args.view == "messages":
             rows = [m.as_dict() for m in store.messages()]
-            print(_columns(rows, ["id", "name", "text", "callback", "call_id", "created_at"]))
+            print(_columns(rows, ["id", "name", "text", "callback", "caller", "call_id", "created_at"]))
             print(f"\n{len(rows)} message(s) in {store.where}")
         elif args.view == "slots":
             if args.reseed:
