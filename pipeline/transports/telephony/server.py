@@ -410,19 +410,23 @@ class Bridge:
         return _response(404, "not found\n")
 
     def stream_url(self, host: str) -> str:
-        if self.config.public_url:
-            base = public_base(self.config.public_url)
-            base = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
-            return base + STREAM_PATH
-        return f"wss://{host}{STREAM_PATH}"
+        return self._public_url(host, STREAM_PATH, websocket=True)
 
     def action_url(self, host: str) -> str:
         """Where Twilio asks what to do once the stream ended (https, like the webhook)."""
-        if self.config.public_url:
-            base = public_base(self.config.public_url)
+        return self._public_url(host, ACTION_PATH, websocket=False)
+
+    def _public_url(self, host: str, path: str, websocket: bool) -> str:
+        """`path` on the public address (config.public_url, else the request's host), with
+        the scheme Twilio uses for it: wss/ws for the stream, https/http for webhooks."""
+        if not self.config.public_url:
+            return f"{'wss' if websocket else 'https'}://{host}{path}"
+        base = public_base(self.config.public_url)
+        if websocket:
+            base = base.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        else:
             base = base.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
-            return base + ACTION_PATH
-        return f"https://{host}{ACTION_PATH}"
+        return base + path
 
     def twiml(self, host: str, params: dict[str, str] | None = None) -> str:
         """<Connect><Stream> TwiML; the caller's number and call id travel as custom parameters.
