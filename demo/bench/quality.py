@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import re
 import statistics
 import sys
@@ -21,6 +20,8 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from demo.bench import report_header
 
 HELP = "answer quality: how many answers are correct and how many state a false claim, per prompt variant"
 DESCRIPTION = """\
@@ -382,7 +383,6 @@ def show(write, variant: str, q: Question, text: str, verdict: Verdict) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.rescore:
         return rescore(args)
-    import torch
     from tqdm import tqdm
 
     from llm.engine import SpeculativeEngine
@@ -456,11 +456,7 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
 
     report = {
-        "benchmark": "specvoice bench quality",
-        "command": "specvoice " + " ".join(sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "torch_threads": torch.get_num_threads(), "device": llm.device},
-        "models": {"target": llm.target, "drafter": llm.drafter, "dtype": llm.dtype},
+        **report_header("quality", llm),
         "questions": len(questions),
         "max_new_tokens": params.max_new_tokens,
         "variants": {v: {"options": VARIANTS[v] if VARIANTS[v] != {} else {k: getattr(config.agent, k) for k in OPTIONS},

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from demo.bench import report_header
 
 HELP = "tool use: booking dialogues on a fresh database each; right final state, right tool calls, latency"
 DESCRIPTION = """\
@@ -527,7 +528,6 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: list[Dialogue]) -> int:
     import dataclasses
 
-    import torch
     from tqdm import tqdm
 
     from llm.backend import SpeculativeBackend
@@ -581,11 +581,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
     bar.close()
 
     report = {
-        "benchmark": "specvoice bench tools",
-        "command": "specvoice " + " ".join(sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "torch_threads": torch.get_num_threads(), "device": llm.device},
-        "models": {"target": llm.target, "drafter": llm.drafter, "dtype": llm.dtype},
+        **report_header("tools", llm),
         "max_new_tokens": params.max_new_tokens,
         "slots": labels,
         "prefill": prefill,
