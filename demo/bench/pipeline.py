@@ -55,6 +55,8 @@ PAUSED = [
 TRAILING = [
     "Yes, I would like the Tuesday slot, I think, so",
     "I wanted to ask about the whitening, and",
+    "My insurance is with Aetna, but",
+    "So the cleaning would be on Friday then, and",
 ]
 TURN_MODES = ("silence", "smart_turn", "preemptive")
 COLUMNS = ["endpoint_delay", "stt_latency", "ttft", "first_sentence_latency", "tts_first_audio", "voice_to_voice",
