@@ -133,6 +133,33 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
+def running_server(model_name: str, log_dir: Path, **options):
+    """A started LlamaServer for the catalog GGUF `model_name` (a generator for a pytest
+    fixture: yields the server, stops it afterwards and checks it is gone). No engine or no
+    GGUF: the test skips, or fails under SPECVOICE_REQUIRE_ENGINE=1."""
+    import pytest
+
+    def unavailable(reason: str) -> None:
+        if require_engine():
+            pytest.fail(f"{reason} (SPECVOICE_REQUIRE_ENGINE=1)")
+        pytest.skip(reason)
+
+    reason = engine_missing_reason()
+    if reason:
+        unavailable(reason)
+    try:
+        model = gguf_file(model_name)
+    except GGUFUnavailable as exc:
+        unavailable(str(exc))
+    server = LlamaServer(model, log_path=log_dir / "server.log", **options)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
 class LlamaServer:
     """llama.cpp's server for one GGUF as a subprocess on 127.0.0.1.
 

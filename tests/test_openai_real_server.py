@@ -24,14 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from realengine import (
-    GGUFUnavailable,
-    LlamaServer,
-    engine_missing_reason,
-    gguf_file,
-    prometheus,
-    require_engine,
-)
+from realengine import LlamaServer, prometheus, running_server
 
 from llm.openai_backend import OpenAIChatBackend
 from llm.types import SamplingParams
@@ -46,29 +39,9 @@ QUESTION = [{"role": "system", "content": "You are the receptionist of Riverside
             {"role": "user", "content": "What are your opening hours?"}]
 
 
-def _unavailable(reason: str) -> None:
-    if require_engine():
-        pytest.fail(f"{reason} (SPECVOICE_REQUIRE_ENGINE=1)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    reason = engine_missing_reason()
-    if reason:
-        _unavailable(reason)
-    try:
-        model = gguf_file(SMALL)
-    except GGUFUnavailable as exc:
-        _unavailable(str(exc))
-    server = LlamaServer(model, threads=1, ctx=2048, alias=ALIAS, metrics=True,
-                         log_path=tmp_path_factory.mktemp("llama") / "server.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert not server.alive()
+    yield from running_server(SMALL, tmp_path_factory.mktemp("llama"), threads=1, ctx=2048, alias=ALIAS, metrics=True)
 
 
 def backend(server: LlamaServer, **extra) -> OpenAIChatBackend:

@@ -332,33 +332,11 @@ TARGET = "qwen2.5-coder-1.5b-instruct"
 CALLER = "Hi, this is Ann Lee. Please book the Wednesday 2:15 p.m. slot with Dr. Moreno for me."
 
 
-def _unavailable(reason: str) -> None:
-    from realengine import require_engine
-
-    if require_engine():
-        pytest.fail(f"{reason} (SPECVOICE_REQUIRE_ENGINE=1)")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    from realengine import GGUFUnavailable, LlamaServer, engine_missing_reason, gguf_file
+    from realengine import running_server
 
-    reason = engine_missing_reason()
-    if reason:
-        _unavailable(reason)
-    try:
-        model = gguf_file(TARGET)
-    except GGUFUnavailable as exc:
-        _unavailable(str(exc))
-    server = LlamaServer(model, threads=2, ctx=4096, alias="qwen",
-                         log_path=tmp_path_factory.mktemp("llama") / "server.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert not server.alive()
+    yield from running_server(TARGET, tmp_path_factory.mktemp("llama"), threads=2, ctx=4096, alias="qwen")
 
 
 def tools_config(tmp_path):
