@@ -44,6 +44,35 @@ cores. Pass --config to load another setup as is (e.g. --config default).
 
   specvoice bench load --calls 1 2 4 6 --out load.json
   specvoice bench load --soak 900 --out soak.json       # 15 minutes of repeated calls
+
+Past one process (--bridge, --spawn): the callers dial running `specvoice serve` processes
+instead of a bridge in this process, round-robin over their URLs. A caller refused (HTTP 503)
+or whose connection fails tries the next URL, as a load balancer that retries would; a
+caller that tried every URL is "refused". Nothing else of a load balancer is imitated.
+Levels run in the order given (--calls 2 2 is two rounds of 2). Per bridge: calls placed,
+completed, cut by the bridge (it closed the call), refused. Per call the server's report is
+looked up by call id in the report folders: every call that connected must have exactly
+one report ("lost" counts those without), with an end_reason.
+
+  --bridge URL [URL ...]   running bridges (ws://HOST:PORT/media-stream); the bearer token
+                           from --token or $SPECVOICE_BRIDGE_TOKEN; --reports DIR is where
+                           they write their reports (searched recursively; without it the
+                           reports are not checked)
+  --spawn N                this benchmark starts N `specvoice serve` processes on free ports,
+                           each its own report folder (DIR/bridge-<i>), all with backend =
+                           "openai" against ONE LLM server: --llm-url, or else a llama.cpp
+                           server it starts (xllamacpp, via tests/realengine.py; --llm-model
+                           names the catalog GGUF, default SmolLM2-135M)
+  --stop-one-after S       (with --spawn) S seconds after the first call is dialled, stop the
+                           process with the most calls in flight (SIGINT: it closes its calls
+                           with WebSocket code 1001 and writes their reports before it exits)
+  --stop-one-at-answer     (with --spawn) stop the process of the first call to hear its
+                           first answer, at once (mid-call for sure, whatever the machine's speed)
+
+  specvoice bench load --spawn 2 --calls 2 4 --stop-one-after 20 --out two-bridges.json
+  specvoice bench load --spawn 2 --calls 2 2 --stop-one-at-answer --stop-signal TERM
+  SPECVOICE_BRIDGE_TOKEN=... specvoice bench load --calls 4 --reports /srv/reports \\
+      --bridge ws://10.0.0.5:8765/media-stream ws://10.0.0.6:8765/media-stream
 """
 
 NAMES = ["Alice", "Robert", "Maria", "David", "Sarah", "James", "Emma", "Thomas", "Laura", "Peter", "Anna",
@@ -65,6 +94,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-s", type=float, default=5.0, help="soak: seconds between resource samples")
     parser.add_argument("--reports", type=Path, help="keep the call reports here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    past = parser.add_argument_group("past one process (see the description above)")
+    past.add_argument("--bridge", nargs="+", metavar="URL", help="running bridges: ws://HOST:PORT/media-stream ...")
+    past.add_argument("--token", help="bearer token of the --bridge URLs (default: $SPECVOICE_BRIDGE_TOKEN)")
+    past.add_argument("--spawn", type=int, metavar="N", help="start N `specvoice serve` processes and dial them")
+    past.add_argument("--llm-url", help="--spawn: the OpenAI-compatible server's base URL (ends in /v1); "
+                                        "default: start a llama.cpp server")
+    past.add_argument("--llm-name", default="model", help="--spawn with --llm-url: the server's model name")
+    past.add_argument("--llm-model", default=SMALL, help=f"--spawn: catalog model whose GGUF the llama.cpp "
+                                                         f"server serves (default {SMALL})")
+    past.add_argument("--llm-threads", type=int, default=1, help="--spawn: llama.cpp server threads (default 1)")
+    past.add_argument("--max-calls", type=int, help="--spawn: bridge.max_calls of each process "
+                                                    "(default: the largest --calls, so one can take a whole level)")
+    past.add_argument("--stop-one-after", type=float, metavar="S", help="--spawn: stop one process S s into the run")
+    past.add_argument("--stop-one-at-answer", action="store_true",
+                      help="--spawn: stop one process once one of its calls heard its first answer")
+    past.add_argument("--stop-signal", choices=["INT", "TERM"], default="INT",
+                      help="signal for the stop (default INT, the clean stop; TERM has no handler in serve)")
 
 
 # ---------------------------------------------------------------- set-up
@@ -447,6 +493,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.bridge or args.spawn:
+        return run_bridges(args)
     from pipeline.models import ModelNotFoundError
 
     report_dir = args.reports or Path(tempfile.mkdtemp(prefix="specvoice-load-"))
@@ -518,5 +566,493 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------- past one process: --bridge, --spawn
+
+
+def _simulated_caller_class():
+    from demo.caller import SimulatedCaller
+
+    class BridgeCaller(SimulatedCaller):
+        """A SimulatedCaller that notices when the bridge closes the call under it (a stopped
+        process): the base caller's sender dies with the connection and its script would then
+        wait for a line that is never sent. Here the script ends and `run()` raises
+        BridgeClosed, with the close code and reason."""
+
+        connected = False
+        closed_by_bridge: tuple[int | None, str | None] | None = None
+
+        async def _script(self) -> None:
+            self.connected = True
+            script = asyncio.ensure_future(super()._script())
+            closed = asyncio.ensure_future(self._ws.wait_closed())
+            try:
+                await asyncio.wait({script, closed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closed.cancel()
+                if not script.done():
+                    script.cancel()
+                await asyncio.gather(closed, return_exceptions=True)
+            if script.cancelled():
+                self.closed_by_bridge = (self._ws.close_code, self._ws.close_reason)
+                raise BridgeClosed(self.closed_by_bridge)
+            script.result()
+
+    return BridgeCaller
+
+
+class BridgeClosed(Exception):
+    pass
+
+
+def spawn_config(args: argparse.Namespace, path: Path, llm_url: str, llm_name: str, report_dir: Path,
+                 max_calls: int) -> Path:
+    """A serve config on top of --config (or the small `test` setup with whisper-tiny.en, as
+    the in-process benchmark uses): backend openai against the one LLM server, this process's
+    report folder, max_calls, no MQTT."""
+    base = args.config or "test"
+    if Path(base).suffix:
+        base = str(Path(base).resolve())
+    stt = "" if args.config else '[stt]\nmodel = "whisper-tiny.en"\n\n'
+    path.write_text(f"""base = {json.dumps(base)}
+
+[llm]
+backend = "openai"
+max_new_tokens = {args.max_new_tokens}
+temperature = 0.0
+seed = 0
+
+[llm.openai]
+base_url = {json.dumps(llm_url)}
+model = {json.dumps(llm_name)}
+timeout_s = 120
+
+{stt}[report]
+dir = {json.dumps(str(report_dir))}
+
+[bridge]
+max_calls = {max_calls}
+
+[mqtt]
+enabled = false
+""")
+    return path
+
+
+class ServeProcess:
+    """`specvoice serve --port 0` as a subprocess (its own session), output to a log file;
+    `wait_port()` polls the log for the listening line, printed once the models are loaded."""
+
+    LISTENING = re.compile(r"specvoice bridge listening on [^:]+:(\d+)")
+
+    def __init__(self, config: Path, token: str, log: Path) -> None:
+        import subprocess
+
+        env = {**os.environ, "SPECVOICE_BRIDGE_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+        env.pop("TWILIO_AUTH_TOKEN", None)
+        self.log = log
+        self._out = open(log, "wb")
+        command = [sys.executable, "-m", "demo.cli", "serve", "--port", "0", "--config", str(config)]
+        self.proc = subprocess.Popen(command,
+                                     cwd=Path(__file__).resolve().parents[2], env=env, stdout=self._out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.port: int | None = None
+
+    def wait_port(self, timeout_s: float = 600.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.LISTENING.search(self.tail(100_000))
+            if m:
+                self.port = int(m.group(1))
+                return self.port
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"specvoice serve exited with {self.proc.returncode}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"specvoice serve was not listening within {timeout_s:g} s:\n{self.tail()}")
+            time.sleep(0.2)  # polling the log for the listening line (models loading)
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGINT (the clean stop), SIGKILL if it does not end."""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._out.close()
+        return self.proc.returncode
+
+
+def start_llm_server(args: argparse.Namespace, log: Path, parallel: int):
+    """llama.cpp's server (xllamacpp) for the catalog model's GGUF, through tests/realengine.py
+    (run from the source tree): one server, `parallel` slots, behind every spawned process."""
+    tests = Path(__file__).resolve().parents[2] / "tests"
+    if str(tests) not in sys.path:
+        sys.path.insert(0, str(tests))
+    import realengine
+
+    reason = realengine.engine_missing_reason()
+    if reason:
+        raise RuntimeError(reason)
+
+    class Server(realengine.LlamaServer):
+        def command(self) -> list[str]:  # LlamaServer starts one slot; the calls share this server
+            return [*super().command(), "--parallel", str(parallel)]
+
+    server = Server(realengine.gguf_file(args.llm_model), threads=args.llm_threads, ctx=2048 * parallel,
+                    alias="model", log_path=log)
+    return server.start()
+
+
+def report_index(dirs: list[Path]) -> dict[str, list[tuple[int, dict]]]:
+    """call id -> [(folder index, report)] over every report in the folders (recursively)."""
+    from pipeline.report import load_report
+
+    found: dict[str, list[tuple[int, dict]]] = {}
+    for i, folder in enumerate(dirs):
+        for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
+            try:
+                data = load_report(path)
+            except Exception:  # noqa: BLE001 - not a call report (or being written): skipped
+                continue
+            found.setdefault(str(data["call_id"]), []).append((i, data))
+    return found
+
+
+async def bridge_level(urls: list[str], token: str | None, lines_by_caller: list, n: int, first_index: int,
+                       args: argparse.Namespace, run: dict) -> list[dict]:
+    """N callers at once over the bridges; returns one record per caller."""
+    from websockets.exceptions import InvalidStatus
+
+    BridgeCaller = _simulated_caller_class()
+
+    async def dial(i: int) -> dict:
+        index = first_index + i
+        start = run["next"]
+        run["next"] += 1
+        rec: dict[str, Any] = {"caller": index, "name": NAMES[index % len(NAMES)], "attempts": [], "bridge": None,
+                               "outcome": "refused", "call_sid": None}
+        for k in range(len(urls)):
+            b = (start + k) % len(urls)
+            caller = BridgeCaller(urls[b], lines_by_caller[index % len(lines_by_caller)], token=token,
+                                  expect_greeting=True, silence_s=1.0, reply_timeout_s=min(90.0, args.level_timeout))
+            rec["call_sid"] = caller.result.call_sid
+            live = {"bridge": b, "caller": caller}
+            run["live"].append(live)
+            t = time.monotonic() - run["t0"]
+            try:
+                await caller.run()
+                rec["outcome"] = "done"
+            except InvalidStatus as exc:  # refused at the handshake (503 when full)
+                rec["attempts"].append({"bridge": b, "t": round(t, 2), "result": exc.response.status_code})
+                continue
+            except BridgeClosed as exc:
+                rec["outcome"] = "cut"
+                rec["close"] = list(exc.args[0])
+            except Exception as exc:  # noqa: BLE001 - a failed connection goes to the next URL
+                if not caller.connected:
+                    rec["attempts"].append({"bridge": b, "t": round(t, 2), "result": type(exc).__name__})
+                    continue
+                rec["outcome"] = "failed"
+                rec["error"] = repr(exc)
+            finally:
+                run["live"].remove(live)
+            rec["attempts"].append({"bridge": b, "t": round(t, 2), "result": "connected"})
+            rec["bridge"] = b
+            turns = caller.result.turns
+            answered = [x for x in turns if x.first_agent_audio_t is not None]
+            rec["lines"] = len(caller.lines)
+            rec["answered"] = len(answered)
+            rec["v2v_caller"] = [x.voice_to_voice for x in answered]
+            rec["bad_messages"] = caller.result.bad_messages[:3]
+            return rec
+        return rec
+
+    tasks = [asyncio.create_task(dial(i)) for i in range(n)]
+    done, pending = await asyncio.wait(tasks, timeout=args.level_timeout)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return [t.result() if t in done and not t.cancelled() else {"caller": first_index + i, "outcome": "timeout",
+                                                                "bridge": None, "attempts": []}
+            for i, t in enumerate(tasks)]
+
+
+async def stop_one(procs: list[ServeProcess], args: argparse.Namespace, run: dict) -> None:
+    """Stop one serve process mid-run: after --stop-one-after seconds the one with the most
+    calls in flight (the lowest index on a tie); with --stop-one-at-answer the one whose call
+    heard its first answer first (so that call is cut between its turns or in one)."""
+    import signal
+
+    victim = None
+    while victim is None:
+        if args.stop_one_after is not None and time.monotonic() - run["t0"] >= args.stop_one_after:
+            in_flight = [sum(1 for x in run["live"] if x["bridge"] == b and x["caller"].connected)
+                         for b in range(len(procs))]
+            victim = max(range(len(procs)), key=lambda b: (in_flight[b], -b))
+        elif args.stop_one_at_answer:
+            # The bridge of a call that heard its first answer and is still on the line.
+            heard = [x["bridge"] for x in run["live"]
+                     if x["caller"].result.turns and x["caller"].result.turns[0].first_agent_audio_t]
+            victim = min(heard) if heard else None
+        if victim is None:
+            await asyncio.sleep(0.05)  # polling the callers' state: the trigger is theirs, not a timer
+    sig = signal.SIGINT if args.stop_signal == "INT" else signal.SIGTERM
+    run["stop"] = {"bridge": victim, "signal": f"SIG{args.stop_signal}", "t": round(time.monotonic() - run["t0"], 2),
+                   "in_flight": [x["caller"].result.call_sid for x in run["live"]
+                                 if x["bridge"] == victim and x["caller"].connected]}
+    procs[victim].proc.send_signal(sig)
+    print(f"  stopped bridge {victim} with SIG{args.stop_signal} at {run['stop']['t']:.1f} s "
+          f"({len(run['stop']['in_flight'])} call(s) in flight on it)", flush=True)
+    code = await asyncio.to_thread(procs[victim].proc.wait)
+    run["stop"]["exit_code"] = code
+    run["stop"]["exit_t"] = round(time.monotonic() - run["t0"], 2)
+
+
+def summarize_level(records: list[dict], reports: dict[str, list[tuple[int, dict]]], n_bridges: int,
+                    by_bridge: bool, stop: dict | None) -> dict[str, Any]:
+    """Per level: outcomes, reports per call id (exactly one each, in the folder of the bridge
+    it connected to when folders are per bridge), mixing, voice-to-voice; per bridge counts."""
+    names = [r["name"] for r in records if "name" in r]
+    bridges = [{"placed": 0, "completed": 0, "cut": 0, "refused": 0, "connect_failed": 0} for _ in range(n_bridges)]
+    lv: dict[str, Any] = {"calls": len(records), "completed": 0, "cut": 0, "refused": 0, "failed": 0,
+                          "reports_checked": reports is not None, "reports_missing": 0, "reports_duplicated": 0,
+                          "reports_wrong_bridge": 0, "reports_without_end": 0, "mixed": 0,
+                          "cut_end_reasons": [], "failures": []}
+    v2v_caller: list[float] = []
+    v2v_server: list[float] = []
+    for r in records:
+        for a in r["attempts"]:
+            if a["result"] == "connected":
+                bridges[a["bridge"]]["placed"] += 1
+            elif isinstance(a["result"], int):
+                bridges[a["bridge"]]["refused"] += 1
+            else:
+                bridges[a["bridge"]]["connect_failed"] += 1
+        if r["bridge"] is None:
+            lv["refused" if r["outcome"] == "refused" else "failed"] += 1
+            if r["outcome"] != "refused":
+                lv["failures"].append(f"caller {r['caller']}: {r['outcome']}")
+            continue
+        b = r["bridge"]
+        v2v_caller += r["v2v_caller"]
+        data = None
+        if reports is not None:
+            got = reports.get(r["call_sid"], [])
+            r["reports"] = len(got)
+            if not got:
+                lv["reports_missing"] += 1
+                lv["failures"].append(f"caller {r['caller']} on bridge {b}: no report ({r['outcome']})")
+            elif len(got) > 1:
+                lv["reports_duplicated"] += 1
+            if by_bridge and any(folder != b for folder, _ in got):
+                lv["reports_wrong_bridge"] += 1
+            if got:
+                data = got[0][1]
+                r["end_reason"] = data["end_reason"]
+                if data["end_reason"] in (None, "", "unfinished"):
+                    lv["reports_without_end"] += 1
+                r["report_turns"] = len(data["turns"])
+                v2v_server += [t["metrics"]["voice_to_voice"] for t in data["turns"]
+                               if t["metrics"].get("voice_to_voice") is not None]
+                text = " ".join((t.get("user_text") or "") + " " + (t.get("agent_text") or "") for t in data["turns"])
+                others = {m.lower() for m in names if m != r["name"]}
+                if _words(text) & others or r["bad_messages"]:
+                    lv["mixed"] += 1
+                    lv["failures"].append(f"caller {r['caller']}: foreign names {sorted(_words(text) & others)}")
+        if r["outcome"] == "cut":
+            lv["cut"] += 1
+            bridges[b]["cut"] += 1
+            lv["cut_end_reasons"].append(r.get("end_reason"))
+        elif (r["outcome"] == "done" and r["answered"] == r["lines"]
+              and (data is None or (data["end_reason"] == "caller_hangup" and len(data["turns"]) == r["lines"]))):
+            lv["completed"] += 1
+            bridges[b]["completed"] += 1
+        else:
+            lv["failed"] += 1
+            lv["failures"].append(f"caller {r['caller']} on bridge {b}: {r['outcome']}, {r.get('answered')}/"
+                                  f"{r.get('lines')} answered, end {r.get('end_reason')}, {r.get('error', '')}")
+    lv["connected"] = sum(1 for r in records if r["bridge"] is not None)
+    # Lost: connected, and no report with an end_reason to show for it.
+    lv["lost"] = lv["reports_missing"] + lv["reports_without_end"] if reports is not None else None
+    lv["v2v_p50_s"] = _pct(v2v_server, 0.5)
+    lv["v2v_p95_s"] = _pct(v2v_server, 0.95)
+    lv["v2v_caller_p50_s"] = _pct(v2v_caller, 0.5)
+    lv["v2v_caller_p95_s"] = _pct(v2v_caller, 0.95)
+    lv["bridges"] = bridges
+    if stop is not None:
+        # Calls dialled after the stop: where they went, and the stopped bridge's failed connects.
+        after = [a for r in records for a in r["attempts"] if a["t"] >= stop["t"]]
+        lv["after_stop"] = {"placed_on": sorted({a["bridge"] for a in after if a["result"] == "connected"}),
+                            "attempts_on_stopped": sum(1 for a in after if a["bridge"] == stop["bridge"]),
+                            "placed_on_stopped": sum(1 for a in after if a["bridge"] == stop["bridge"]
+                                                     and a["result"] == "connected")}
+    lv["callers"] = records
+    return lv
+
+
+def print_bridge_table(levels: list[dict], stop: dict | None) -> None:
+    for i, lv in enumerate(levels):
+        lost = "-" if lv["lost"] is None else lv["lost"]
+        print(f"round {i + 1}: {lv['calls']} calls: {lv['completed']} completed, {lv['cut']} cut by a stopped bridge "
+              f"(report end_reason {lv['cut_end_reasons'] or '-'}), {lv['refused']} refused everywhere, "
+              f"{lv['failed']} failed; reports lost {lost}, duplicated {lv['reports_duplicated']}, "
+              f"in another bridge's folder {lv['reports_wrong_bridge']}; mixed {lv['mixed']}; "
+              f"caller v2v p50/p95 {_ms(lv['v2v_caller_p50_s'])}/{_ms(lv['v2v_caller_p95_s'])} ms, "
+              f"server {_ms(lv['v2v_p50_s'])}/{_ms(lv['v2v_p95_s'])} ms")
+        for b, s in enumerate(lv["bridges"]):
+            print(f"    bridge {b}: placed {s['placed']}, completed {s['completed']}, cut {s['cut']}, "
+                  f"refused {s['refused']}, connect failed {s['connect_failed']}")
+        if "after_stop" in lv and lv["after_stop"]["attempts_on_stopped"] + len(lv["after_stop"]["placed_on"]):
+            a = lv["after_stop"]
+            print(f"    after the stop: placed on bridges {a['placed_on']}; {a['attempts_on_stopped']} attempt(s) "
+                  f"on the stopped bridge, {a['placed_on_stopped']} connected")
+    if stop is not None:
+        print(f"stop: bridge {stop['bridge']} got {stop['signal']} at {stop['t']:.1f} s with "
+              f"{len(stop['in_flight'])} call(s) in flight; exit code {stop.get('exit_code')}")
+
+
+def run_bridges(args: argparse.Namespace) -> int:
+    """--bridge / --spawn: callers over running `specvoice serve` processes."""
+    import contextlib
+
+    def fail(msg: str) -> int:
+        print(f"specvoice bench load: {msg}", file=sys.stderr)
+        return 2
+
+    if args.bridge and args.spawn:
+        return fail("--bridge and --spawn exclude each other")
+    if (args.stop_one_after is not None or args.stop_one_at_answer) and not args.spawn:
+        return fail("--stop-one-after / --stop-one-at-answer need --spawn (this benchmark must own the process)")
+    if args.soak:
+        return fail("--soak runs in process only")
+    if min(args.calls) < 1 or args.turns < 1 or (args.spawn is not None and args.spawn < 1):
+        return fail("--calls, --turns and --spawn must be >= 1")
+    levels_n = list(args.calls)  # in the order given: --calls 2 2 is two rounds of 2
+    # --bridge: the running bridges' token; --spawn: a fresh one, given to the processes it starts.
+    token = (args.token or os.environ.get("SPECVOICE_BRIDGE_TOKEN")) if args.bridge else secrets.token_urlsafe(24)
+    try:
+        from demo.caller import prepare_lines
+        from pipeline.config import load_config
+        from pipeline.models import resolve_model
+        from voice.tts import load_tts
+
+        voice = load_config(args.config).tts.voice if args.config else "piper-joe-medium"
+        tts = load_tts("piper", resolve_model(voice), threads=args.threads)
+    except Exception as exc:  # noqa: BLE001 - a one-line error, not a traceback
+        return fail(f"cannot load the callers' voice: {exc}")
+    most = max(levels_n)
+    lines_by_caller = [prepare_lines([{"text": x} for x in script_for(i, args.turns)], tts)
+                       for i in range(min(sum(levels_n), len(NAMES)))]
+
+    with contextlib.ExitStack() as stack:
+        procs: list[ServeProcess] = []
+        meta: dict[str, Any] = {}
+        if args.spawn:
+            work = args.reports or Path(tempfile.mkdtemp(prefix="specvoice-load-bridges-"))
+            work.mkdir(parents=True, exist_ok=True)
+            t = time.monotonic()
+            llm_url, llm_name = args.llm_url, args.llm_name
+            if not llm_url:
+                try:
+                    server = start_llm_server(args, work / "llm-server.log", parallel=most)
+                except Exception as exc:  # noqa: BLE001
+                    return fail(f"cannot start the llama.cpp server: {exc}")
+                stack.callback(server.stop)
+                llm_url, llm_name = server.base_url, "model"
+                meta["llm_server"] = {"engine": "llama.cpp (xllamacpp)", "model": args.llm_model,
+                                      "threads": args.llm_threads, "slots": most,
+                                      "startup_s": round(server.startup_s or 0.0, 1)}
+            max_calls = args.max_calls or most
+            dirs = [work / f"bridge-{i}" for i in range(args.spawn)]
+            for i, d in enumerate(dirs):
+                cfg = spawn_config(args, work / f"bridge-{i}.toml", llm_url, llm_name, d, max_calls)
+                p = ServeProcess(cfg, token, work / f"bridge-{i}.log")
+                stack.callback(p.stop)
+                procs.append(p)
+            try:
+                urls = [f"ws://127.0.0.1:{p.wait_port()}/media-stream" for p in procs]
+            except RuntimeError as exc:
+                return fail(str(exc))
+            meta.update({"spawned": args.spawn, "max_calls_each": max_calls, "llm_url": llm_url,
+                         "bridges_ready_s": round(time.monotonic() - t, 1)})
+            print(f"{args.spawn} bridges listening ({urls}), one LLM server {llm_url}; "
+                  f"ready in {meta['bridges_ready_s']:.1f} s; reports and logs in {work}", flush=True)
+        else:
+            urls = list(args.bridge)
+            dirs = [args.reports] if args.reports else []
+
+        async def main() -> dict[str, Any]:
+            run: dict[str, Any] = {"next": 0, "live": [], "t0": time.monotonic(), "stop": None}
+            stopper = (asyncio.create_task(stop_one(procs, args, run))
+                       if args.stop_one_after is not None or args.stop_one_at_answer else None)
+            rounds = []
+            first = 0
+            try:
+                for n in levels_n:
+                    print(f"round of {n} callers x {args.turns} turns over {len(urls)} bridges ...", flush=True)
+                    records = await bridge_level(urls, token, lines_by_caller, n, first, args, run)
+                    first += n
+                    rounds.append(records)
+            finally:
+                if stopper is not None and not stopper.done():
+                    stopper.cancel()
+                    await asyncio.gather(stopper, return_exceptions=True)
+            return {"rounds": rounds, "stop": run["stop"]}
+
+        result = asyncio.run(main())
+        stop = result["stop"]
+        levels = []
+        # Reports are written when a call ends (end_grace_s after the hang-up): wait for every
+        # connected call's report, up to a minute (the deadline only matters when one is lost).
+        wanted = {r["call_sid"] for records in result["rounds"] for r in records if r["bridge"] is not None}
+        reports = None
+        if dirs:
+            deadline = time.monotonic() + 60
+            while True:
+                reports = report_index(dirs)
+                if wanted <= set(reports) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+        for records in result["rounds"]:
+            lv = summarize_level(records, reports, len(urls), bool(args.spawn), stop)
+            levels.append(lv)
+            for f in lv["failures"][:5]:
+                print(f"  {f}", flush=True)
+        exit_codes = [p.stop() for p in procs]
+    out = {
+        "bench": "load, past one process",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "bridges": urls, "turns_per_call": args.turns, "max_new_tokens": args.max_new_tokens,
+        "config": args.config or ("built-in small (test config + whisper-tiny.en), backend openai" if args.spawn
+                                  else "the bridges' own"),
+        **meta, "stop": stop, "exit_codes": exit_codes or None, "rounds": levels,
+        "totals": {k: sum(lv[k] or 0 for lv in levels)
+                   for k in ("calls", "connected", "completed", "cut", "refused", "failed", "reports_missing",
+                             "reports_duplicated", "reports_wrong_bridge", "reports_without_end", "mixed")},
+    }
+    print()
+    print_bridge_table(levels, stop)
+    t = out["totals"]
+    lost = t["reports_missing"] + t["reports_without_end"] if dirs else "not checked"
+    print(f"\ntotal: {t['calls']} calls, {t['connected']} connected, {t['completed']} completed, {t['cut']} cut, "
+          f"{t['refused']} refused everywhere; reports lost {lost}, "
+          f"mixed {t['mixed']}; serve exit codes {exit_codes or '-'}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
         print(f"wrote {args.out}")
     return 0
