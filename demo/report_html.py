@@ -10,6 +10,15 @@ red, its error in the tooltip), as a table under the waterfall (name, arguments,
 error, ms), and in a "Tools" summary with voice to voice for turns with a tool call apart
 from the others. Tool arguments carry what the caller said (a name stored as heard), so
 they are escaped like transcripts.
+
+End of turn and preemptive generation (issue 13), where the report has them: each turn
+says how its end was decided (reason, the model's probability, eot_delay), carries a
+badge for its preemptive generation (kept, or discarded and why; a kept one also means
+STT did not run after the endpoint: the pause's transcript was reused), and its
+waterfall marks the preemptive events (start, LLM start, kept / discarded) on a row of
+their own. The per-turn table gains an end-of-turn delay column and a preemptive column,
+and a "Preemptive generation" section shows summary.preemptive, when the report has
+them. A report without these fields renders as it did before.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeline.report import HEADLINE_METRICS, ReportError, load_report, percentile
+from pipeline.report import HEADLINE_METRICS, ReportError, load_report, percentile, summarize_preemptive
 
 # Re-exported for `specvoice report` and the tests: the page reads reports with pipeline.report's reader.
 __all__ = ["ReportError", "load_report", "render_html", "text_comparison", "text_summary", "write_html"]
@@ -46,6 +55,14 @@ TOOL_OK_COLOUR = "#0b7285"
 TOOL_FAILED_COLOUR = "#d64545"
 # A tool's result can be a long list of slots: the table shows this much, the JSON has all.
 TOOL_TEXT_MAX = 2000
+# The end-of-turn delay (last voiced audio -> turn end decided): shown where reports have it.
+EOT_METRIC = "eot_delay"
+EOT_LABEL = "end-of-turn delay"
+# Preemptive events (pipeline/stages/preempt.py) as the waterfall marks them: label, colour.
+PREEMPT_EVENTS = {"start": ("start", "#2680c2"), "llm_start": ("LLM start", "#7b61ff"),
+                  "kept": ("kept", "#2f9e44"), "discarded": ("discarded", "#9aa5b1")}
+PREEMPT_KEPT_COLOUR = "#2f9e44"
+PREEMPT_DISCARDED_COLOUR = "#c1c7cd"
 
 
 def esc(value: Any) -> str:
@@ -133,6 +150,44 @@ def uses_tools(report: dict) -> bool:
     return bool(num(tools_summary(report).get("calls"))) or any(tool_calls(t) for t in turns(report))
 
 
+def preemptive_events(turn: dict) -> list[dict]:
+    """The turn's preemptive events (start, llm_start, kept, discarded), as recorded."""
+    return [e for e in _dict(turn.get("preemptive")).get("events") or [] if isinstance(e, dict)]
+
+
+def preemptive_state(turn: dict) -> str | None:
+    """"kept", "discarded", or None when no preemptive generation started in the turn."""
+    if "preemptive_hit" not in turn:
+        return None
+    return "kept" if turn.get("preemptive_hit") is True else "discarded"
+
+
+def discarded_why(turn: dict) -> list[str]:
+    return [str(e.get("why")) for e in preemptive_events(turn) if e.get("event") == "discarded"]
+
+
+def preemptive_summary(report: dict) -> dict[str, Any]:
+    """summary.preemptive as pipeline.report writes it; computed from the turns when absent."""
+    given = _dict(_dict(report.get("summary")).get("preemptive"))
+    return given if given else summarize_preemptive(turns(report))
+
+
+def uses_preemption(report: dict) -> bool:
+    return bool(num(preemptive_summary(report).get("turns"))) or any(
+        preemptive_state(t) is not None for t in turns(report))
+
+
+def has_eot_delay(report: dict) -> bool:
+    return any(num(_dict(t.get("metrics")).get(EOT_METRIC)) is not None for t in turns(report))
+
+
+def eot_summary(report: dict) -> dict[str, Any]:
+    given = _dict(_dict(_dict(report.get("summary")).get("metrics")).get(EOT_METRIC))
+    if given:
+        return given
+    return _spread([v for t in turns(report) if (v := num(_dict(t.get("metrics")).get(EOT_METRIC))) is not None])
+
+
 def _tool_name(call: dict) -> str:
     # None when the model's call could not even be parsed: the row must still say so.
     name = call.get("name")
@@ -184,12 +239,19 @@ def text_summary(report: dict) -> str:
         )
     if uses_tools(report):
         lines.append(_text_tools(report))
+    if uses_preemption(report):
+        lines.append(_text_preemptive(report))
     for t in turns(report)[:12]:
         m = _dict(t.get("metrics"))
         flag = " [interrupted]" if t.get("interrupted") else ""
         if tool_calls(t):
             names = ", ".join(_tool_name(c) + ("" if c.get("ok") else " FAILED") for c in tool_calls(t))
             flag += f" [tools: {_plain(names, 60)}]"
+        state = preemptive_state(t)
+        if state == "kept":
+            flag += " [preemptive: kept]"
+        elif state == "discarded":
+            flag += f" [preemptive: discarded: {_plain(', '.join(discarded_why(t)), 40)}]"
         lines.append(f"  #{_plain(t.get('index'))} v2v {fmt(m.get('voice_to_voice'))}  "
                      f"user: {_plain(t.get('user_text'), 40)!s} -> agent: {_plain(t.get('agent_text'), 40)}{flag}")
     if len(turns(report)) > 12:
@@ -208,6 +270,14 @@ def _text_tools(report: dict) -> str:
     return (f"tools: {fmt(tools.get('calls'))} calls, {fmt(tools.get('failed'))} failed, in {fmt(tools.get('turns'))} "
             f"turns, {fmt(tools.get('fallbacks'))} fallbacks; voice to voice p50 / p90 with tools "
             f"{spread('with_tools')}, without {spread('without_tools')}")
+
+
+def _text_preemptive(report: dict) -> str:
+    pre = preemptive_summary(report)
+    why = _dict(pre.get("discarded"))
+    reasons = ", ".join(f"{_plain(k, 30)} {fmt(v)}" for k, v in why.items()) or "none"
+    return (f"preemptive: {fmt(pre.get('starts'))} starts in {fmt(pre.get('turns'))} turns, "
+            f"{fmt(pre.get('hits'))} kept (hit rate {fmt(pre.get('hit_rate'), 2)}); discarded: {reasons}")
 
 
 def text_comparison(reports: list[dict]) -> str:
@@ -261,6 +331,44 @@ def _tool_title(call: dict, a: float, b: float) -> str:
     return title
 
 
+def _preempt_marks(turn: dict) -> list[tuple[dict, float]]:
+    """(event, t) for the turn's preemptive events with a usable time."""
+    return [(e, t) for e in preemptive_events(turn) if (t := num(e.get("t"))) is not None]
+
+
+def _preempt_attempts(turn: dict) -> list[dict[str, Any]]:
+    """Each preemptive start with its LLM start and outcome (kept / discarded and why), in
+    the order they happened (a start's events all come before the next start)."""
+    attempts: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for e, t in _preempt_marks(turn):
+        event = e.get("event")
+        if event == "start" or current is None:
+            current = {"start": t, "llm": None, "end": None, "outcome": None, "why": None}
+            attempts.append(current)
+            if event == "start":
+                continue
+        if event == "llm_start":
+            current["llm"] = t
+        elif event in ("kept", "discarded"):
+            current.update(end=t, outcome=event, why=e.get("why"))
+            current = None
+    return attempts
+
+
+def _preempt_title(e: dict, rel: float) -> str:
+    event = str(e.get("event"))
+    label = PREEMPT_EVENTS.get(event, (event, ""))[0]
+    text = f"preemptive {label} at +{rel:.3f} s"
+    if event == "discarded":
+        text += f": {e.get('why')}"
+    elif event == "start" and e.get("audio_s") is not None:
+        text += f" (pause {e.get('pause')}, {fmt(e.get('audio_s'), 2)} s of audio)"
+    elif event == "kept":
+        text += f" ({e.get('groups_ready')} token groups ready{', finished' if e.get('finished') else ''})"
+    return text
+
+
 def waterfall_svg(turn: dict, width: int = 760) -> str:
     timeline = {k: v for k, v in _dict(turn.get("timeline")).items() if num(v) is not None}
     rows = []
@@ -269,15 +377,16 @@ def waterfall_svg(turn: dict, width: int = 760) -> str:
         if start in timeline and end is not None and timeline[end] >= timeline[start]:
             rows.append((label, start, end, float(timeline[start]), float(timeline[end]), colour))
     tools = _tool_rows(turn)
-    if not rows and not tools:
+    marks = _preempt_marks(turn)
+    if not rows and not tools and not marks:
         return '<p class="muted">no timeline for this turn</p>'
-    t0 = min([r[3] for r in rows] + [a for _, _, a, _ in tools])
-    t1 = max([r[4] for r in rows] + [b for _, _, _, b in tools])
+    t0 = min([r[3] for r in rows] + [a for _, _, a, _ in tools] + [t for _, t in marks])
+    t1 = max([r[4] for r in rows] + [b for _, _, _, b in tools] + [t for _, t in marks])
     span = max(t1 - t0, 0.05)
     label_w, right, top, row_h = 130, 16, 8, 20
     plot_w = width - label_w - right
     # Room under the last row for the voice-to-voice line and its label, then the ticks.
-    height = top + row_h * (len(rows) + len(tools)) + 36
+    height = top + row_h * (len(rows) + len(tools) + (1 if marks else 0)) + 36
 
     def x(t: float) -> float:
         return label_w + (t - t0) / span * plot_w
@@ -325,6 +434,9 @@ def waterfall_svg(turn: dict, width: int = 760) -> str:
         anchor, tx = ("start", after) if after < width - right - 90 else ("end", x(a) - 4)
         parts.append(f'<text x="{tx:.1f}" y="{y + 14}" class="tool-note {"ok" if ok else "failed"}" '
                      f'text-anchor="{anchor}" data-tool="{k}">{esc(note)}</text>')
+    if marks:
+        parts.append(_preempt_row(turn, marks, x, top + (len(rows) + len(tools)) * row_h, row_h, label_w, width,
+                                  right, height, t0))
     if "last_voiced" in timeline and "first_audio_out" in timeline:
         a, b = float(timeline["last_voiced"]), float(timeline["first_audio_out"])
         y = height - 22
@@ -332,6 +444,40 @@ def waterfall_svg(turn: dict, width: int = 760) -> str:
                      f'<text x="{(x(a) + x(b)) / 2:.1f}" y="{y - 3}" class="v2vlabel" text-anchor="middle">'
                      f'voice to voice {b - a:.3f} s</text>')
     parts.append("</svg>")
+    return "".join(parts)
+
+
+def _preempt_row(turn: dict, marks: list[tuple[dict, float]], x: Any, y: float, row_h: int, label_w: int,
+                 width: int, right: int, height: int, t0: float) -> str:
+    """The preemptive row: a bar per start (to its outcome; green kept, grey discarded),
+    a dot at its LLM start, the outcome beside it; and a dashed line across the whole
+    waterfall at every preemptive event, so it reads against the turn's stages."""
+    parts = [f'<text x="{label_w - 6}" y="{y + 14}" class="label preempt-label" text-anchor="end">preemptive</text>']
+    for e, t in marks:
+        event = str(e.get("event"))
+        colour = PREEMPT_EVENTS.get(event, (event, "#7b8794"))[1]
+        why = f' data-why="{esc(e.get("why"))}"' if event == "discarded" else ""
+        parts.append(f'<line x1="{x(t):.1f}" y1="4" x2="{x(t):.1f}" y2="{height - 22}" stroke="{colour}" '
+                     f'class="preempt-mark {esc(event)}" data-event="{esc(event)}" data-t="{t!r}"{why}>'
+                     f'<title>{esc(_preempt_title(e, t - t0))}</title></line>')
+    for k, a in enumerate(_preempt_attempts(turn)):
+        end = a["end"] if a["end"] is not None else (a["llm"] if a["llm"] is not None else a["start"])
+        kept = a["outcome"] == "kept"
+        w = max(x(end) - x(a["start"]), 1.5)
+        outcome = a["outcome"] or "open"
+        note = "kept" if kept else (f"✗ {a['why']}" if a["outcome"] == "discarded" else "no outcome recorded")
+        parts.append(f'<rect x="{x(a["start"]):.1f}" y="{y + 5}" width="{w:.1f}" height="{row_h - 10}" '
+                     f'fill="{PREEMPT_KEPT_COLOUR if kept else PREEMPT_DISCARDED_COLOUR}" '
+                     f'class="preempt-bar {esc(outcome)}" data-attempt="{k}" data-outcome="{esc(outcome)}" '
+                     f'data-start="{a["start"]!r}" data-end="{end!r}"><title>preemptive start {k + 1}: '
+                     f'{esc(note)}</title></rect>')
+        if a["llm"] is not None:
+            parts.append(f'<circle cx="{x(a["llm"]):.1f}" cy="{y + row_h / 2:.1f}" r="3.5" class="preempt-llm" '
+                         f'data-attempt="{k}"><title>LLM started at +{a["llm"] - t0:.3f} s</title></circle>')
+        after = x(a["start"]) + w + 4
+        anchor, tx = ("start", after) if after < width - right - 110 else ("end", x(a["start"]) - 4)
+        parts.append(f'<text x="{tx:.1f}" y="{y + 14}" class="preempt-note {esc(outcome)}" text-anchor="{anchor}" '
+                     f'data-attempt="{k}">{esc(note)}</text>')
     return "".join(parts)
 
 
@@ -400,6 +546,14 @@ table.tool-calls td.ms,table.tool-calls th:nth-child(5){text-align:right}table.t
 table.tool-calls th:nth-child(2){width:17%}table.tool-calls th:nth-child(3){width:31%}table.tool-calls th:nth-child(5){width:8%}tr.tool-call.failed{background:#fff5f5}tr.tool-call.failed .tool-error{color:#ab091e}
 .badge.tool{background:#e3f8ff;color:#0b7285}
 """
+# Only on pages with end-of-turn or preemptive data: older reports keep their page as it was.
+TURN_TAKING_CSS = """
+svg .preempt-mark{stroke-width:1;stroke-dasharray:3 3;opacity:.8}svg .preempt-llm{fill:#7b61ff}
+svg .preempt-note{font-size:10px}svg .preempt-note.kept{fill:#2f9e44;font-weight:600}svg .preempt-label{font-style:italic}
+.badge.preempt.kept{background:#ebfbee;color:#2b8a3e}.badge.preempt.discarded{background:#f1f3f5;color:#495057}
+p.eot,p.preempt{margin:2px 0;font-size:13px;color:#3e4c59}p.eot .k,p.preempt .k{color:#7b8794}
+.stt-skipped{color:#2b8a3e;font-weight:600}
+"""
 
 
 def _metric_cell(attrs: str, value: Any, digits: int = 3) -> str:
@@ -412,6 +566,11 @@ def _summary_table(report: dict) -> str:
         stats = _dict(stats)
         cells = "".join(_metric_cell(f'data-metric="{metric}" data-stat="{s}"', stats.get(s)) for s in STATS + ["n"])
         rows.append(f'<tr><th scope="row">{esc(METRIC_LABELS[metric])}</th>{cells}</tr>')
+        if metric == "endpoint_delay" and has_eot_delay(report):
+            stats = eot_summary(report)
+            cells = "".join(_metric_cell(f'data-metric="{EOT_METRIC}" data-stat="{s}"', stats.get(s))
+                            for s in STATS + ["n"])
+            rows.append(f'<tr><th scope="row">{EOT_LABEL}</th>{cells}</tr>')
     return ('<table class="summary"><thead><tr><th>metric (seconds)</th><th>p50</th><th>p90</th><th>max</th>'
             f'<th>n</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
@@ -452,6 +611,27 @@ def _tools_section(report: dict) -> str:
             f'<th>max</th><th>n</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
+def _preemptive_section(report: dict) -> str:
+    """summary.preemptive: turns with a start, starts, kept turns, hit rate, and why the
+    discarded ones were dropped."""
+    pre = preemptive_summary(report)
+    labels = {"turns": "turns with a start", "starts": "starts", "hits": "kept (hits)", "hit_rate": "hit rate"}
+    cards = "".join(
+        f'<div class="card"><div class="v" data-preemptive="{key}" data-value="{_data_value(pre.get(key))}">'
+        f'{fmt(pre.get(key), 2 if key == "hit_rate" else 3)}</div><div class="k">{label}</div></div>'
+        for key, label in labels.items()
+    )
+    why = _dict(pre.get("discarded"))
+    if why:
+        rows = "".join(f'<tr data-why="{esc(k)}"><td>{esc(k)}</td><td data-value="{_data_value(v)}">{fmt(v)}</td></tr>'
+                       for k, v in sorted(why.items(), key=lambda kv: (-(num(kv[1]) or 0), str(kv[0]))))
+        table = (f'<table class="preempt-discarded"><thead><tr><th>discarded because</th><th>starts</th></tr></thead>'
+                 f'<tbody>{rows}</tbody></table>')
+    else:
+        table = '<p class="muted preempt-discarded">no preemptive start was discarded</p>'
+    return f'<h2>Preemptive generation</h2><div class="cards preemptive">{cards}</div>{table}'
+
+
 def _tool_table(turn: dict, i: int) -> str:
     calls = tool_calls(turn)
     if not calls:
@@ -481,14 +661,35 @@ def _tool_table(turn: dict, i: int) -> str:
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
+def _turn_metrics(report: dict) -> list[str]:
+    """The per-turn table's metric columns: the headline ones, and eot_delay after the
+    endpoint delay when the report has it."""
+    if not has_eot_delay(report):
+        return METRICS
+    k = METRICS.index("endpoint_delay") + 1
+    return METRICS[:k] + [EOT_METRIC] + METRICS[k:]
+
+
+def _preempt_cell(turn: dict, i: int) -> str:
+    state = preemptive_state(turn)
+    value = "" if state is None else ("true" if state == "kept" else "false")
+    text = "" if state is None else state
+    if state == "discarded":
+        text += f" ({', '.join(discarded_why(turn))})"
+    return f'<td data-turn="{i}" data-field="preemptive_hit" data-value="{value}">{esc(text)}</td>'
+
+
 def _turn_table(report: dict) -> str:
-    head = "".join(f"<th>{esc(METRIC_LABELS[m])}</th>" for m in METRICS)
+    metrics = _turn_metrics(report)
+    labels = {**METRIC_LABELS, EOT_METRIC: EOT_LABEL}
+    head = "".join(f"<th>{esc(labels[m])}</th>" for m in metrics)
     with_tools = uses_tools(report)
+    with_preemption = uses_preemption(report)
     rows = []
     for i, t in enumerate(turns(report)):
         m = _dict(t.get("metrics"))
         llm = _dict(t.get("llm"))
-        cells = "".join(_metric_cell(f'data-turn="{i}" data-metric="{metric}"', m.get(metric)) for metric in METRICS)
+        cells = "".join(_metric_cell(f'data-turn="{i}" data-metric="{metric}"', m.get(metric)) for metric in metrics)
         cells += "".join(_metric_cell(f'data-turn="{i}" data-llm="{key}"', llm.get(key), 2)
                          for key in ("tokens_per_pass", "acceptance_rate"))
         if with_tools:
@@ -496,8 +697,11 @@ def _turn_table(report: dict) -> str:
             failed = sum(1 for c in calls if not c.get("ok"))
             text = f"{len(calls)}" + (f" ({failed} failed)" if failed else "") if calls else ""
             cells += f'<td data-turn="{i}" data-field="tool_calls" data-value="{len(calls)}">{text}</td>'
+        if with_preemption:
+            cells += _preempt_cell(t, i)
         rows.append(f'<tr><td>{esc(t.get("index", i))}</td>{cells}</tr>')
     tools_head = "<th>tools</th>" if with_tools else ""
+    tools_head += "<th>preemptive</th>" if with_preemption else ""
     return (f'<table class="turns"><thead><tr><th>turn</th>{head}<th>tokens/pass</th><th>acceptance</th>{tools_head}'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
@@ -525,14 +729,64 @@ def _turn_section(report: dict, i: int, turn: dict) -> str:
     if action.get("action"):
         reason = f": {action.get('reason')}" if action.get("reason") else ""
         flag += f'<span class="badge tool" data-field="action">{esc(action.get("action"))}{esc(reason)}</span>'
+    state = preemptive_state(turn)
+    if state == "kept":
+        flag += '<span class="badge preempt kept" data-field="preemptive" data-value="kept">preemptive: kept</span>'
+    elif state == "discarded":
+        why = ", ".join(discarded_why(turn)) or "no reason recorded"
+        flag += (f'<span class="badge preempt discarded" data-field="preemptive" data-value="discarded">'
+                 f'preemptive: discarded: {esc(why)}</span>')
     v2v = num(_dict(turn.get("metrics")).get("voice_to_voice"))
     v2v_text = f" — voice to voice {v2v:.3f} s" if v2v is not None else ""
     return (
         f'<div class="turn" id="turn-{i}"><h3>Turn {esc(turn.get("index", i))}{esc(v2v_text)}{flag}</h3>'
+        f"{_eot_line(turn, i)}{_preempt_line(turn, i)}"
         f'<div class="transcript"><div class="user" data-role="user">{esc(turn.get("user_text") or "")}</div>'
         f'<div class="agent" data-role="agent">{_agent_said(turn)}</div></div>'
         f"{waterfall_svg(turn)}{_tool_table(turn, i)}</div>"
     )
+
+
+def _eot_line(turn: dict, i: int) -> str:
+    """How the turn's end was decided: reason, the end-of-turn model's probability that the
+    turn was complete, and the delay from the last voiced audio to that decision."""
+    eot = _dict(turn.get("end_of_turn"))
+    delay = _dict(turn.get("metrics")).get(EOT_METRIC)
+    if not eot and num(delay) is None:
+        return ""
+    parts = [f'<span class="k">end of turn:</span> <span data-field="reason">{esc(eot.get("reason") or "—")}</span>']
+    if num(eot.get("probability")) is not None:
+        parts.append(f'<span class="k">P(complete)</span> <span data-field="probability" '
+                     f'data-value="{_data_value(eot.get("probability"))}">{fmt(eot.get("probability"), 2)}</span>')
+    if num(delay) is not None:
+        parts.append(f'<span class="k">{EOT_METRIC}</span> <span data-field="{EOT_METRIC}" '
+                     f'data-value="{_data_value(delay)}">{fmt(delay)} s</span>')
+    if num(eot.get("pauses")) is not None and eot.get("pauses") != 1:
+        parts.append(f'<span class="k">pauses</span> <span data-field="pauses">{fmt(eot.get("pauses"))}</span>')
+    return f'<p class="eot" data-turn="{i}">{" · ".join(parts)}</p>'
+
+
+def _preempt_line(turn: dict, i: int) -> str:
+    """The turn's preemptive generation in words: starts, outcome, and (kept) that STT did
+    not run after the endpoint: the turn reused the transcript of the pause."""
+    state = preemptive_state(turn)
+    if state is None:
+        return ""
+    starts = _dict(turn.get("preemptive")).get("starts")
+    parts = [f'<span class="k">preemptive:</span> <span data-field="starts" data-value="{_data_value(starts)}">'
+             f'{fmt(starts)} start{"" if starts == 1 else "s"}</span>']
+    why = discarded_why(turn)
+    if why:
+        parts.append(f"discarded: {esc(', '.join(why))}")
+    if state == "kept":
+        kept = next((e for e in preemptive_events(turn) if e.get("event") == "kept"), {})
+        ready = f" ({fmt(kept.get('groups_ready'))} token groups ready" if kept.get("groups_ready") is not None else ""
+        ready += (", finished" if kept.get("finished") else "") + (")" if ready else "")
+        parts.append(f"kept{ready}")
+        # Kept means the turn's transcript was the pause's (the same audio): no STT after the endpoint.
+        parts.append('<span class="stt-skipped" data-field="stt_skipped">STT skipped after the endpoint '
+                     '(the pause\'s transcript was reused)</span>')
+    return f'<p class="preempt" data-turn="{i}">{" · ".join(parts)}</p>'
 
 
 def _report_section(report: dict, idx: int) -> str:
@@ -561,6 +815,7 @@ def _report_section(report: dict, idx: int) -> str:
         f"<h2>Latency summary</h2>{_summary_table(report)}"
         f"<h2>LLM (speculative decoding)</h2>{_llm_cards(report)}"
         f"{_tools_section(report) if uses_tools(report) else ''}"
+        f"{_preemptive_section(report) if uses_preemption(report) else ''}"
         f"<h2>Voice to voice over the call</h2>{v2v_plot_svg(report)}"
         f"<h2>Per turn</h2>{_turn_table(report)}"
         f'<h2>Turns: transcript and waterfall</h2>{"".join(_turn_section(report, i, t) for i, t in enumerate(turns(report)))}'
@@ -605,6 +860,9 @@ def render_html(reports: dict | Iterable[dict]) -> str:
         title = f"specvoice: {len(reports)} calls compared"
     body = _comparison_table(reports) if len(reports) > 1 else ""
     body += "".join(_report_section(r, i) for i, r in enumerate(reports))
+    css = CSS
+    if any(uses_preemption(r) or has_eot_delay(r) or any(t.get("end_of_turn") for t in turns(r)) for r in reports):
+        css += TURN_TAKING_CSS
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -612,7 +870,7 @@ def render_html(reports: dict | Iterable[dict]) -> str:
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
         "img-src data:\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+        f"<title>{esc(title)}</title><style>{css}</style></head><body>{body}</body></html>\n"
     )
 
 

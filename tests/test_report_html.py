@@ -199,6 +199,15 @@ def test_arbitrary_strings_never_produce_markup(strings, attack):
     ]
     report["turns"][1]["action"] = {"action": strings[0], "reason": strings[1]}
     report["turns"][1]["tool_fallback"] = True
+    # End of turn and preemption (issue 13): reasons and why's are strings from the report.
+    report["turns"][0]["end_of_turn"] = {"reason": strings[2], "probability": 0.5, "pauses": strings[3]}
+    report["turns"][0]["metrics"]["eot_delay"] = 0.3
+    report["turns"][0]["preemptive_hit"] = False
+    report["turns"][0]["preemptive"] = {"starts": 1, "events": [
+        {"event": strings[4], "t": 1.0}, {"event": "start", "t": 1.1, "pause": strings[5], "audio_s": 1.0},
+        {"event": "discarded", "t": 1.3, "why": strings[0]}]}
+    report["summary"]["preemptive"] = {"turns": 1, "starts": 1, "hits": 0, "hit_rate": 0.0,
+                                       "discarded": {strings[1]: 1}}
     for page in (report_html.render_html(report), report_html.render_html([report, report])):
         assert "<script" not in page.lower()
         tags = {m.lower() for m in re.findall(r"<\s*/?\s*([A-Za-z][A-Za-z0-9-]*)", page)}
@@ -637,3 +646,201 @@ async def test_tool_calls_in_headless_chromium(chromium, tmp_path):
         assert dom["v2v"][f"{key}.p90"] == f"{v2v[key]['p90']:.3f}"
         assert dom["v2v"][f"{key}.n"] == str(v2v[key]["n"])
     assert "3 tool calls, 1 failed" in dom["badges"] and "transfer: wants a person" in dom["badges"]
+
+
+# ---------------------------------------------------------------- end of turn and preemption (issue 13)
+
+
+def preemptive_report(tmp_path: Path) -> dict:
+    """A call written by pipeline.report's own API (CallReport.add_turn with `preemption`,
+    the end_of_turn entry pipeline/call.py adds): turn 0 ends on the model's word with no
+    preemption; turn 1 starts on a pause, is discarded when the caller speaks on, starts
+    again on the next pause and is kept; turn 2 starts once and is discarded because the
+    final transcript differed. Event times are fixed offsets from the call start."""
+    from pipeline.config import Config
+    from pipeline.report import CallReport, load_report, write_report
+    from pipeline.timeline import TurnTimeline
+
+    call = CallReport.from_config("call-preempt", Config())
+    t0 = call.t0
+
+    def timeline(base: float, stt: float) -> TurnTimeline:
+        tl = TurnTimeline()
+        for k, dt in (("speech_start", 0.0), ("last_voiced", 2.0), ("end_of_speech", 2.3), ("transcript", 2.3 + stt),
+                      ("llm_request", 2.31 + stt), ("first_token", 2.5 + stt), ("first_sentence", 2.7 + stt),
+                      ("tts_first_audio", 2.85 + stt), ("first_audio_out", 2.86 + stt), ("llm_done", 3.2 + stt),
+                      ("playback_done", 4.5 + stt)):
+            tl.mark(k, t0 + base + dt)
+        return tl
+
+    def ev(event: str, at: float, **data) -> dict:
+        return {"event": event, "t": t0 + at, **data}  # monotonic, as preempt.py logs them
+
+    stats = {"new_tokens": 20, "passes": 8, "drafted": 24, "accepted": 12, "total_s": 1.0}
+    ends = [{"reason": "model", "probability": 0.93, "pauses": 1},
+            {"reason": "timeout", "probability": 0.08, "pauses": 2},
+            {"reason": "model", "probability": 0.71, "pauses": 1}]
+    entries = [call.add_turn(timeline(0.0, 0.4), "What are your hours?", "Eight to six.", llm=stats)]
+    turn1 = [ev("start", 10.9, pause=1, audio_s=0.9), ev("llm_start", 11.1),
+             ev("discarded", 11.2, why="caller_resumed"),
+             ev("start", 11.95, pause=2, audio_s=1.7), ev("llm_start", 12.1),
+             ev("kept", 12.3, groups_ready=5, finished=True)]
+    entries.append(call.add_turn(timeline(10.0, 0.0), "Book a cleaning for next Tuesday.", "Tuesday it is.",
+                                 llm=stats, preemption={"hit": True, "starts": 2, "events": turn1}))
+    turn2 = [ev("start", 21.9, pause=1, audio_s=1.8), ev("llm_start", 22.05),
+             ev("discarded", 22.4, why="transcript_changed")]
+    entries.append(call.add_turn(timeline(20.0, 0.5), "Thanks, bye.", "Goodbye!", llm=stats,
+                                 preemption={"hit": False, "starts": 1, "events": turn2}))
+    for entry, end in zip(entries, ends):
+        entry["end_of_turn"] = end  # as pipeline/call.py adds it
+    call.finish("caller_hangup")
+    return load_report(write_report(call, tmp_path))
+
+
+def strip_turn_taking(report: dict) -> dict:
+    """The same report as an older writer would have written it: no eot/preemptive fields."""
+    old = json.loads(json.dumps(report))
+    for t in old["turns"]:
+        for key in ("preemptive_hit", "preemptive", "end_of_turn"):
+            t.pop(key, None)
+        t["metrics"].pop("eot_delay", None)
+    old["summary"].pop("preemptive", None)
+    old["summary"]["metrics"].pop("eot_delay", None)
+    return old
+
+
+def test_preemptive_report_fixture_is_what_it_claims(tmp_path):
+    report = preemptive_report(tmp_path)
+    assert [t.get("preemptive_hit") for t in report["turns"]] == [None, True, False]
+    assert report["summary"]["preemptive"] == {"turns": 2, "starts": 3, "hits": 1, "hit_rate": 0.5,
+                                               "discarded": {"caller_resumed": 1, "transcript_changed": 1}}
+    assert [t["metrics"]["eot_delay"] for t in report["turns"]] == [pytest.approx(0.3)] * 3
+    assert report["turns"][1]["preemptive"]["events"][0]["t"] == pytest.approx(10.9)
+    assert report["turns"][1]["metrics"]["stt_latency"] == 0.0  # the kept turn's transcript was the pause's
+
+
+def test_end_of_turn_and_preemption_on_the_page(tmp_path):
+    report = preemptive_report(tmp_path)
+    page = report_html.render_html(report)
+    # Badges: one kept, one discarded with its reason; none on the turn without a start.
+    assert page.count('class="badge preempt kept"') == 1 and page.count('class="badge preempt discarded"') == 1
+    assert ">preemptive: discarded: transcript_changed</span>" in page
+    turn0 = page[page.index('id="turn-0"'):page.index('id="turn-1"')]
+    assert "badge preempt" not in turn0 and "preempt-mark" not in turn0 and 'class="preempt"' not in turn0
+    # The end-of-turn decision per turn: reason, probability, eot_delay.
+    for i, t in enumerate(report["turns"]):
+        line = re.search(rf'<p class="eot" data-turn="{i}">(.*?)</p>', page).group(1)
+        assert f'<span data-field="reason">{t["end_of_turn"]["reason"]}</span>' in line
+        assert f'data-field="probability" data-value="{t["end_of_turn"]["probability"]!r}"' in line
+        assert f'data-field="eot_delay" data-value="{t["metrics"]["eot_delay"]!r}">' \
+               f'{t["metrics"]["eot_delay"]:.3f} s' in line
+    # The waterfall marks every preemptive event at its time; one bar per start.
+    for i, t in enumerate(report["turns"]):
+        svg = re.search(rf'id="turn-{i}".*?(<svg class="waterfall".*?</svg>)', page, re.S).group(1)
+        marks = re.findall(r'class="preempt-mark [^"]*" data-event="([^"]*)" data-t="([^"]*)"', svg)
+        events = (t.get("preemptive") or {}).get("events", [])
+        assert [(e, float(v)) for e, v in marks] == [(e["event"], e["t"]) for e in events]
+        assert svg.count('class="preempt-bar ') == (t.get("preemptive") or {}).get("starts", 0)
+    assert page.count('class="preempt-bar kept"') == 1 and page.count('class="preempt-bar discarded"') == 2
+    assert 'data-event="discarded" data-t="11.2" data-why="caller_resumed"' in page
+    assert page.count('class="preempt-llm"') == 3
+    # STT after the endpoint was skipped only in the kept turn.
+    assert page.count('data-field="stt_skipped"') == 1
+    assert 'data-field="stt_skipped"' in page[page.index('id="turn-1"'):page.index('id="turn-2"')]
+    # The per-turn table: eot_delay after the endpoint delay, and the preemptive outcome.
+    head = re.search(r'<table class="turns"><thead><tr>(.*?)</tr>', page).group(1)
+    cols = re.findall(r"<th>(.*?)</th>", head)
+    assert cols[1:3] == ["endpoint delay", "end-of-turn delay"] and cols[-1] == "preemptive"
+    for i, t in enumerate(report["turns"]):
+        assert f'<td data-turn="{i}" data-metric="eot_delay" data-value="{t["metrics"]["eot_delay"]!r}">' in page
+    assert '<td data-turn="0" data-field="preemptive_hit" data-value=""></td>' in page
+    assert '<td data-turn="1" data-field="preemptive_hit" data-value="true">kept</td>' in page
+    assert '<td data-turn="2" data-field="preemptive_hit" data-value="false">discarded (transcript_changed)</td>' in page
+    # The summary: an eot_delay row, and the preemptive section with the writer's numbers.
+    eot = report["summary"]["metrics"]["eot_delay"]
+    assert f'data-metric="eot_delay" data-stat="p50" data-value="{eot["p50"]!r}"' in page
+    assert "<h2>Preemptive generation</h2>" in page
+    for key, value in report["summary"]["preemptive"].items():
+        if key != "discarded":
+            assert f'data-preemptive="{key}" data-value="{report_html._data_value(value)}"' in page
+    assert '<tr data-why="caller_resumed"><td>caller_resumed</td><td data-value="1">1</td></tr>' in page
+    # And the terminal summary of `specvoice report`.
+    text = report_html.text_summary(report)
+    assert "preemptive: 3 starts in 2 turns, 1 kept (hit rate 0.50); discarded: caller_resumed 1, " \
+           "transcript_changed 1" in text
+    assert "[preemptive: kept]" in text and "[preemptive: discarded: transcript_changed]" in text
+
+
+def test_a_report_without_the_fields_renders_as_before(tmp_path):
+    """Older reports (no end_of_turn, no preemptive fields, no eot_delay) get the page they
+    always had: no new column, badge, line, mark, section or style."""
+    for old in (make_report(), strip_turn_taking(preemptive_report(tmp_path))):
+        page = report_html.render_html(old)
+        # (Not the bare words: the configuration shown at the bottom names turn.preemptive.)
+        for marker in ("badge preempt", "preempt-mark", "preempt-bar", "preempt-note", 'class="preempt"',
+                       'class="eot"', "eot_delay", "end-of-turn delay", "end of turn:", "stt_skipped",
+                       "Preemptive generation", 'data-field="preemptive', "data-preemptive"):
+            assert marker not in page, marker
+        assert f"<style>{report_html.CSS}</style>" in page  # the stylesheet is the one it had
+        head = re.search(r'<table class="turns"><thead><tr>(.*?)</tr>', page).group(1)
+        assert re.findall(r"<th>(.*?)</th>", head) == ["turn", *report_html.METRIC_LABELS.values(), "tokens/pass",
+                                                        "acceptance"]
+        assert "preemptive" not in report_html.text_summary(old)
+    # Adding the fields back changes the page: the check above is not vacuous.
+    assert "preempt-mark" in report_html.render_html(preemptive_report(tmp_path / "again"))
+    # A report whose summary lacks `preemptive` (written before the summary had it) still gets it.
+    report = preemptive_report(tmp_path / "nosummary")
+    written = report["summary"].pop("preemptive")
+    assert report_html.preemptive_summary(report) == written
+    assert 'data-preemptive="hits" data-value="1"' in report_html.render_html(report)
+
+
+@pytest.mark.timeout(120)
+async def test_preemption_in_headless_chromium(chromium, tmp_path):
+    report = preemptive_report(tmp_path)
+    path = report_html.write_html([report, make_report("plain")], tmp_path / "preempt.html")
+    async with open_page(chromium, path) as cdp:
+        dom = json.loads(await cdp.evaluate("""JSON.stringify({
+            badges: [...document.querySelectorAll('#report-0 .turn h3 .badge.preempt')].map(e =>
+                [e.closest('.turn').id, e.textContent, getComputedStyle(e).backgroundColor]),
+            eot: [...document.querySelectorAll('#report-0 p.eot')].map(e => e.textContent),
+            skipped: [...document.querySelectorAll('#report-0 [data-field=stt_skipped]')].map(e =>
+                [e.closest('.turn').id, e.getBoundingClientRect().width]),
+            marks: [...document.querySelectorAll('#report-0 #turn-1 svg line.preempt-mark')].map(l => {
+                const b = l.getBoundingClientRect(); return {event: l.dataset.event, t: +l.dataset.t,
+                x: b.left, height: b.height, title: l.querySelector('title').textContent}; }),
+            bars: [...document.querySelectorAll('#report-0 svg rect.preempt-bar')].map(r => {
+                const b = r.getBoundingClientRect(); return {outcome: r.dataset.outcome, width: b.width,
+                fill: getComputedStyle(r).fill}; }),
+            svg: (() => { const b = document.querySelector('#report-0 #turn-1 svg.waterfall').getBoundingClientRect();
+                          return {left: b.left, right: b.right}; })(),
+            notes: [...document.querySelectorAll('#report-0 svg text.preempt-note')].map(t => t.textContent),
+            cards: Object.fromEntries([...document.querySelectorAll('#report-0 [data-preemptive]')].map(e =>
+                [e.dataset.preemptive, e.textContent])),
+            eotCells: [...document.querySelectorAll('#report-0 td[data-turn][data-metric=eot_delay]')].map(e =>
+                e.textContent),
+            plain: {preempt: document.querySelectorAll('#report-1 [class*=preempt]').length,
+                    eot: document.querySelectorAll('#report-1 p.eot, #report-1 [data-metric=eot_delay]').length},
+        })"""))
+        assert cdp.errors() == []
+    assert [(b[0], b[1]) for b in dom["badges"]] == [("turn-1", "preemptive: kept"),
+                                                   ("turn-2", "preemptive: discarded: transcript_changed")]
+    assert dom["badges"][0][2] != dom["badges"][1][2]  # kept and discarded look different
+    for text, t in zip(dom["eot"], report["turns"]):
+        e = t["end_of_turn"]
+        assert text.startswith(f"end of turn: {e['reason']} · P(complete) {e['probability']:.2f} · "
+                               f"eot_delay {t['metrics']['eot_delay']:.3f} s")
+    assert [s[0] for s in dom["skipped"]] == ["turn-1"] and dom["skipped"][0][1] > 0
+    # The marks sit on the time axis in the order of their times, inside the waterfall.
+    marks = dom["marks"]
+    assert [m["event"] for m in marks] == ["start", "llm_start", "discarded", "start", "llm_start", "kept"]
+    assert all(a["x"] < b["x"] for a, b in zip(marks, marks[1:]))
+    assert all(dom["svg"]["left"] < m["x"] < dom["svg"]["right"] and m["height"] > 0 for m in marks)
+    assert "caller_resumed" in marks[2]["title"] and "5 token groups ready, finished" in marks[5]["title"]
+    assert [b["outcome"] for b in dom["bars"]] == ["discarded", "kept", "discarded"]
+    assert all(b["width"] > 0 for b in dom["bars"])
+    assert dom["bars"][1]["fill"] == "rgb(47, 158, 68)" and dom["bars"][0]["fill"] != dom["bars"][1]["fill"]
+    assert dom["notes"] == ["✗ caller_resumed", "kept", "✗ transcript_changed"]
+    assert dom["cards"] == {"turns": "2", "starts": "3", "hits": "1", "hit_rate": "0.50"}
+    assert dom["eotCells"] == [f"{t['metrics']['eot_delay']:.3f}" for t in report["turns"]]
+    assert dom["plain"] == {"preempt": 0, "eot": 0}  # the older report beside it is unchanged
