@@ -76,6 +76,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Call", "History", "ModelSet", "Turn", "voice_executor"]
 
+# Call events also published to MQTT as they happen (<prefix>/calls/<id>/events): the
+# end-of-turn decision and the preemptive generation's start / kept / discarded.
+MQTT_EVENTS = frozenset({"end_of_turn", "preemptive_start", "preemptive_kept", "preemptive_discarded"})
+
 _voice_pool: ThreadPoolExecutor | None = None
 _voice_pool_lock = threading.Lock()
 
@@ -214,6 +218,11 @@ class Call:
             return False
 
     def _emit(self, kind: str, **data: Any) -> None:
+        if self.mqtt is not None and kind in MQTT_EVENTS:
+            # Live, as it happens (the turn's message comes only once the turn is over); t is
+            # seconds since the call start, like the report's timelines.
+            t = None if self.report is None else round(time.monotonic() - self.report.t0, 6)
+            self.mqtt.publish_event(self.call_id, kind, {"t": t, **data})
         if self.on_event is not None:
             try:
                 self.on_event(kind, data)
@@ -301,7 +310,9 @@ class Call:
                         self.barge_ins += 1
                         self._emit("barge_in", turn=turn.index, heard=turn.heard_text)
                 elif isinstance(event, TurnEnd):
-                    self._emit("end_of_turn", reason=event.reason, probability=event.probability)
+                    u = event.utterance  # delay: the turn's eot_delay (last voiced -> decided)
+                    self._emit("end_of_turn", reason=event.reason, probability=event.probability,
+                               delay=round(u.declared_t - u.last_voiced_t, 6), pauses=event.pauses)
                     if self.preemptor is not None and (claim := self.preemptor.claim(event)) is not None:
                         self._preempted[id(event)] = claim
                     self._utterances.put_nowait(event)

@@ -8,7 +8,9 @@ until the broker has acknowledged it (QoS 1: at least once, so a reconnect may r
 one message that was in flight). `aclose(timeout)` flushes what it can within the timeout
 and always returns.
 
-Topics: `<prefix>/calls/<call_id>/turns` (one JSON message per finished turn) and
+Topics: `<prefix>/calls/<call_id>/turns` (one JSON message per finished turn),
+`<prefix>/calls/<call_id>/events` (live turn-taking events as they happen: the end-of-turn
+decision and preemptive start / kept / discarded; {"call_id", "event", "t", ...}) and
 `<prefix>/calls/<call_id>/summary` (one at the end of the call).
 """
 
@@ -93,6 +95,9 @@ class MqttPublisher:
     def turns_topic(self, call_id: str) -> str:
         return f"{self.topic_prefix}/calls/{topic_segment(call_id)}/turns"
 
+    def events_topic(self, call_id: str) -> str:
+        return f"{self.topic_prefix}/calls/{topic_segment(call_id)}/events"
+
     def summary_topic(self, call_id: str) -> str:
         return f"{self.topic_prefix}/calls/{topic_segment(call_id)}/summary"
 
@@ -134,6 +139,9 @@ class MqttPublisher:
 
     def publish_turn(self, call_id: str, turn: dict[str, Any]) -> None:
         self.publish(self.turns_topic(call_id), {"call_id": call_id, **turn})
+
+    def publish_event(self, call_id: str, event: str, data: dict[str, Any]) -> None:
+        self.publish(self.events_topic(call_id), {"call_id": call_id, "event": event, **data})
 
     def publish_summary(self, call_id: str, summary: dict[str, Any]) -> None:
         self.publish(self.summary_topic(call_id), {"call_id": call_id, **summary})

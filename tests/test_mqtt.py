@@ -216,3 +216,81 @@ async def test_publish_without_loop_start_and_disabled_config():
 def test_topic_segment():
     assert topic_segment("a/b+c#d\x00e") == "a_b_c_d_e"
     assert topic_segment("") == "_"
+
+
+# ---------------------------------------------------------------- live call events (issue 13)
+
+
+@needs_broker
+async def test_end_of_turn_and_preemptive_events_arrive_live_from_a_call(broker, tmp_path):
+    """A real call (scripted caller, end-of-turn model, STT and LLM; the real endpointer,
+    turn-taker and preemptor) publishing to a real mosquitto: the caller pauses (a
+    preemptive start), speaks on (discarded), pauses again (a start) and stays silent until
+    the maximum silence ends the turn (kept). The end-of-turn decision and the preemptive
+    start / discarded / kept arrive on the call's events topic, before the turn's message,
+    and say what the report says."""
+    from callfakes import EnergyVAD, ScriptedBackend, ScriptedSTT, ToneTTS
+    from pipeline.call import Call
+    from pipeline.report import load_report
+    from pipeline.stages.turn_taking import TurnTaker
+    from test_preemptive import LengthModel, LogSink, ScriptSource, config, seconds_stt, silence, tone
+    from voice.endpointer import EndpointConfig, Endpointer
+    from voice.turn_detector import TurnPolicy
+
+    got: list[aiomqtt.Message] = []
+    ready = asyncio.Event()
+
+    async def subscriber() -> None:
+        async with aiomqtt.Client("127.0.0.1", broker.port) as sub:
+            await sub.subscribe("sv/calls/+/#", qos=1)
+            ready.set()
+            async for msg in sub.messages:  # until the call's summary, the last message it sends
+                got.append(msg)
+                if str(msg.topic).endswith("/summary"):
+                    return
+
+    sub = asyncio.create_task(subscriber())
+    await asyncio.wait_for(ready.wait(), 10)
+    steps = [silence(0.3), tone(0.5), silence(0.4), tone(0.5), silence(0.4), silence(1.6)]
+    endpointer = Endpointer(EnergyVAD(), EndpointConfig(min_speech_ms=64, min_silence_ms=200, pre_roll_ms=64,
+                                                        post_roll_ms=32))
+    turns = TurnTaker(LengthModel(None), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0)
+    local: list = []
+    pub = MqttPublisher("127.0.0.1", broker.port, topic_prefix="sv", retry_s=0.05)
+    call = Call(config(tmp_path), ScriptSource(steps), LogSink([]), stt=ScriptedSTT(seconds_stt),
+                tts=ToneTTS(chunks=1, chunk_s=0.02), backend=ScriptedBackend(), endpointer=endpointer, turns=turns,
+                mqtt=pub, call_id="call/live", on_event=lambda kind, data: local.append((kind, data)))
+    await asyncio.wait_for(call.run(), 60)
+    await asyncio.wait_for(sub, 15)
+
+    assert {str(m.topic) for m in got} == {"sv/calls/call_live/events", "sv/calls/call_live/turns",
+                                           "sv/calls/call_live/summary"}
+    payloads = [(str(m.topic).rsplit("/", 1)[1], json.loads(m.payload)) for m in got]
+    live = [p for topic, p in payloads if topic == "events"]
+    assert [p["event"] for p in live] == ["preemptive_start", "preemptive_discarded", "preemptive_start",
+                                          "end_of_turn", "preemptive_kept"]
+    assert all(p["call_id"] == "call/live" and isinstance(p["t"], float) for p in live)
+    # Live: every event came before the turn's own message (which comes once the turn is over).
+    kinds = [topic for topic, _ in payloads]
+    assert kinds == ["events"] * 5 + ["turns", "summary"]
+
+    (turn,) = [p for topic, p in payloads if topic == "turns"]
+    report = load_report(call.report_path)
+    assert turn["end_of_turn"] == report["turns"][0]["end_of_turn"]
+    start1, discarded, start2, eot, kept = live
+    assert discarded["why"] == "caller_resumed"
+    assert (start1["pause"], start2["pause"]) == (1, 2) and start2["audio_s"] > start1["audio_s"]
+    assert kept["groups_ready"] >= 0
+    # The decision with its probability and delay: the report's end_of_turn and eot_delay.
+    e = report["turns"][0]["end_of_turn"]
+    assert (eot["reason"], eot["probability"], eot["pauses"]) == (e["reason"], e["probability"], e["pauses"])
+    assert eot["reason"] == "timeout" and eot["pauses"] == 2
+    assert eot["delay"] == pytest.approx(report["turns"][0]["metrics"]["eot_delay"], abs=1e-5)
+    # The same events, in the same order, as the report's preemptive log (less llm_start) and
+    # as the call's local callback.
+    logged = [ev["event"] for ev in report["turns"][0]["preemptive"]["events"] if ev["event"] != "llm_start"]
+    assert [p["event"] for p in live if p["event"] != "end_of_turn"] == [f"preemptive_{x}" for x in logged]
+    assert [(p["event"], {k: v for k, v in p.items() if k not in ("call_id", "event", "t")}) for p in live] == \
+        [(k, d) for k, d in local if k.startswith("preemptive_") or k == "end_of_turn"]
+    assert report["turns"][0]["preemptive_hit"] is True
+    assert pub.sent == len(got) and pub.dropped == 0 and pub.lost == 0
