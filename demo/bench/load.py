@@ -642,6 +642,12 @@ enabled = false
     return path
 
 
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ServeProcess:
     """`specvoice serve --port 0` as a subprocess (its own session), output to a log file;
     `wait_port()` polls the log for the listening line, printed once the models are loaded."""
@@ -656,9 +662,13 @@ class ServeProcess:
         self.log = log
         self._out = open(log, "wb")
         command = [sys.executable, "-m", "demo.cli", "serve", "--port", "0", "--config", str(config)]
+        # SIGINT back to its default in the child: a benchmark started in the background by a
+        # non-interactive shell has SIGINT ignored, a child would inherit that, and then the
+        # SIGINT stop (and the clean-up below) would not reach serve at all.
         self.proc = subprocess.Popen(command,
                                      cwd=Path(__file__).resolve().parents[2], env=env, stdout=self._out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_default_sigint)
         self.port: int | None = None
 
     def wait_port(self, timeout_s: float = 600.0) -> int:
@@ -1008,6 +1018,9 @@ def run_bridges(args: argparse.Namespace) -> int:
                     first += n
                     rounds.append(records)
             finally:
+                if stopper is not None and run["stop"] is not None:
+                    # Signalled: wait for the process to exit, for its exit code.
+                    await asyncio.wait({stopper}, timeout=60)
                 if stopper is not None and not stopper.done():
                     stopper.cancel()
                     await asyncio.gather(stopper, return_exceptions=True)
