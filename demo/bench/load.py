@@ -71,8 +71,8 @@ one report ("lost" counts those without), with an end_reason.
 
   specvoice bench load --spawn 2 --calls 2 4 --stop-one-after 20 --out two-bridges.json
   specvoice bench load --spawn 2 --calls 2 2 --stop-one-at-answer --stop-signal TERM
-  SPECVOICE_BRIDGE_TOKEN=... specvoice bench load --calls 4 --reports /srv/reports \\
-      --bridge ws://10.0.0.5:8765/media-stream ws://10.0.0.6:8765/media-stream
+  specvoice bench load --calls 4 --reports /srv/reports --bridge ws://10.0.0.5:8765/media-stream ws://10.0.0.6:8765/media-stream
+                                                # token from $SPECVOICE_BRIDGE_TOKEN
 """
 
 NAMES = ["Alice", "Robert", "Maria", "David", "Sarah", "James", "Emma", "Thomas", "Laura", "Peter", "Anna",
