@@ -529,6 +529,26 @@ async def test_stop_with_a_call_in_progress():
         await asyncio.wait_for(echo.done.wait(), 2)
 
 
+async def test_cancelled_serve_forever_ends_calls_as_server_shutdown():
+    """SIGINT cancels `specvoice serve`'s serve_forever: a call in progress must end as
+    server_shutdown (it once read caller_hangup: the connections were closed before the
+    bridge knew it was stopping)."""
+    echo = Echo()
+    bridge = Bridge(BridgeConfig(host="127.0.0.1", port=0, max_calls=2, idle_timeout_s=5.0), echo,
+                    BridgeTokens.of(TWILIO_TOKEN, BEARER), end_grace_s=0.5)
+    port = await bridge.start()
+    serving = asyncio.create_task(bridge.serve_forever())
+    ws = await connect(stream_url(port), additional_headers=bearer())
+    await ws.send(start_msg())
+    await ws.send(encode_event(Media(SID, frame(1))))
+    await recv_outbound(ws)
+    serving.cancel()
+    await asyncio.gather(serving, return_exceptions=True)
+    assert await wait_closed(ws) == 1001
+    await asyncio.wait_for(echo.done.wait(), 2)
+    assert [c.end_reason for c in echo.calls] == ["server_shutdown"]
+
+
 def test_serve_refuses_to_start_without_credentials(monkeypatch, capsys):
     from demo.cli import main
 

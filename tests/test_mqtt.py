@@ -78,7 +78,8 @@ def broker(tmp_path):
 
 
 async def collect(host: str, port: int, topic: str, want: int, *, timeout: float, identifier=None,
-                  clean_session=None, ready: asyncio.Event | None = None) -> list[aiomqtt.Message]:
+                  clean_session=None, ready: asyncio.Event | None = None, keep=None) -> list[aiomqtt.Message]:
+    """The first `want` messages on `topic` (those `keep(message)` accepts, if given)."""
     got: list[aiomqtt.Message] = []
     async with aiomqtt.Client(host, port, identifier=identifier, clean_session=clean_session) as sub:
         await sub.subscribe(topic, qos=1)
@@ -86,6 +87,8 @@ async def collect(host: str, port: int, topic: str, want: int, *, timeout: float
             ready.set()
         async with asyncio.timeout(timeout):
             async for msg in sub.messages:
+                if keep is not None and not keep(msg):
+                    continue
                 got.append(msg)
                 if len(got) >= want:
                     break

@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import signal
     import logging
 
     from pipeline.transports.telephony.auth import AuthConfigError, load_tokens
@@ -75,7 +76,15 @@ def run(args: argparse.Namespace) -> int:
         port = await bridge.start()
         print(f"specvoice bridge listening on {bridge_config.host}:{port} "
               f"(/media-stream, /voice, /health; max {bridge_config.max_calls} calls)", flush=True)
-        await bridge.serve_forever()
+        # SIGTERM (what systemd, Docker and Kubernetes send) stops like Ctrl-C: calls in
+        # progress are closed (1001, going away) and their reports written, then exit 0.
+        # Without this handler the process died at once and those reports were lost.
+        serving = asyncio.current_task()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, serving.cancel)
+        try:
+            await bridge.serve_forever()
+        except asyncio.CancelledError:
+            print("specvoice serve: SIGTERM, calls closed, stopped", file=sys.stderr, flush=True)
 
     try:
         asyncio.run(main())

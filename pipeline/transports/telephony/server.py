@@ -336,10 +336,14 @@ class Bridge:
         self._server = None
 
     async def serve_forever(self) -> None:
+        """Serve until cancelled (SIGINT). The server accepts from start(); this only waits.
+        Not websockets' own serve_forever: cancelled, it closes every connection itself,
+        before stop() has marked the bridge as stopping, and the calls it cut then read as
+        hung up by the caller instead of server_shutdown."""
         if self._server is None:
             await self.start()
         try:
-            await self._server.serve_forever()
+            await asyncio.Event().wait()
         finally:
             await self.stop()
 
