@@ -274,12 +274,8 @@ async def test_handler_crash_is_reported_and_bridge_survives(tmp_path, caplog):
     assert "endpointer bug" in caplog.text
 
 
-def not_events(message) -> bool:
-    return not str(message.topic).endswith("/events")
-
-
 async def test_mqtt_broker_dies_and_comes_back(tmp_path):
-    from test_mqtt import MOSQUITTO, Broker, collect, free_port
+    from test_mqtt import MOSQUITTO, Broker, collect, free_port, not_events
 
     if MOSQUITTO is None:
         pytest.skip("mosquitto is not installed")

@@ -95,6 +95,11 @@ async def collect(host: str, port: int, topic: str, want: int, *, timeout: float
     return got
 
 
+def not_events(message: aiomqtt.Message) -> bool:
+    """Turns and summaries only: a call also publishes live events (end of turn, preemption)."""
+    return not str(message.topic).endswith("/events")
+
+
 def seqs(messages: list[aiomqtt.Message]) -> list[int]:
     return [json.loads(m.payload)["seq"] for m in messages if str(m.topic).endswith("/turns")]
 

@@ -182,7 +182,7 @@ class WorkSpy:
 
 @needs_models
 async def test_call_from_speech_timeline_metrics_mqtt_and_loop_lag(models, speech, tmp_path):
-    from test_mqtt import MOSQUITTO, Broker, collect, free_port
+    from test_mqtt import MOSQUITTO, Broker, collect, free_port, not_events
 
     broker = None
     mqtt = {}
@@ -196,7 +196,7 @@ async def test_call_from_speech_timeline_metrics_mqtt_and_loop_lag(models, speec
         if broker is not None:
             ready = asyncio.Event()
             sub = asyncio.create_task(collect("127.0.0.1", broker.port, "svtest/calls/+/#", 3, timeout=90,
-                                              ready=ready))
+                                              ready=ready, keep=not_events))
             await ready.wait()
         from llm.backend import SpeculativeBackend
 
