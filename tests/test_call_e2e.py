@@ -51,6 +51,17 @@ def models(tmp_path_factory):
     return AgentModels.load(e2e_config(tmp_path_factory.mktemp("cfg")), threads=1)
 
 
+def _similarity(a: str, b: str) -> float:
+    """How alike two texts read, 0..1 (difflib ratio over lower-case letters, digits, spaces)."""
+    import difflib
+    import re
+
+    def norm(t: str) -> str:
+        return " ".join(re.sub(r"[^a-z0-9 ]", " ", t.lower()).split())
+
+    return difflib.SequenceMatcher(None, norm(a), norm(b)).ratio()
+
+
 def _words(text: str) -> set[str]:
     return {w.strip(".,!?$'\"").lower() for w in text.split() if len(w.strip(".,!?$'\"")) > 2}
 
@@ -98,8 +109,10 @@ async def test_call_through_bridge_audio_marks_clear_and_report(models, tmp_path
     answer = result.agent_track[t0:t0 + int(last.agent_audio_s * 8000) + 8000]
     heard_text = models.stt.transcribe(resample(to_float32(answer), 8000, 16000))
     agent_text = data["turns"][2]["agent_text_heard"]
-    common = _words(heard_text) & _words(agent_text)
-    assert len(common) >= max(2, len(_words(heard_text)) // 2), (heard_text, agent_text)
+    # Judged by spelling, not whole words: a short answer heard through mu-law by a small
+    # Whisper may lose a word ("The claiming is $89." for "The cleaning is $89.": one word
+    # of three in common) yet read almost letter for letter; silence or other speech does not.
+    assert _similarity(heard_text, agent_text) >= 0.6, (heard_text, agent_text)
 
     # Marks: one per sentence, each echoed back once played; the bridge saw the echoes.
     assert result.marks_received and sorted(result.marks_echoed) == sorted(result.marks_received)
