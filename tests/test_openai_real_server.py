@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
-import re
 import secrets
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import httpx
 import pytest
 from realengine import LlamaServer, prometheus, running_server
 
+from demo.bench.load import ServeProcess  # `specvoice serve` as a subprocess, as bench load starts it
 from llm.openai_backend import OpenAIChatBackend
 from llm.types import SamplingParams
 
@@ -197,55 +192,6 @@ dir = "{(tmp_path / 'reports').as_posix()}"
     return path
 
 
-class ServeProcess:
-    """`specvoice serve --port 0` as a subprocess; `port` once it prints its listening line."""
-
-    LISTENING = re.compile(r"specvoice bridge listening on [^:]+:(\d+)")
-
-    def __init__(self, config: Path, token: str, log: Path) -> None:
-        env = {**os.environ, "SPECVOICE_BRIDGE_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-        env.pop("TWILIO_AUTH_TOKEN", None)
-        self.log = log
-        self._err = open(log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "demo.cli", "serve", "--port", "0", "--config", str(config)],
-                                     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._err,
-                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def port(self, timeout_s: float = 300.0) -> int:
-        """Blocks until the listening line (the models are loaded) or the process ends."""
-        while True:
-            try:
-                line = self.lines.get(timeout=timeout_s)
-            except queue.Empty:
-                raise AssertionError(f"specvoice serve printed no listening line in {timeout_s:g} s:\n{self.tail()}")
-            if line is None:
-                raise AssertionError(f"specvoice serve exited ({self.proc.wait()}):\n{self.tail()}")
-            if m := self.LISTENING.search(line):
-                return int(m.group(1))
-
-    def tail(self, chars: int = 4000) -> str:
-        self._err.flush()
-        return self.log.read_text(errors="replace")[-chars:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(2)  # SIGINT: what Ctrl-C sends
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        self._err.close()
-        return self.proc.returncode
-
-
 @pytest.mark.models
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -265,7 +211,7 @@ async def test_whole_call_through_specvoice_serve_with_openai_backend(llama, tmp
     token = secrets.token_urlsafe(24)
     serve = ServeProcess(_serve_config(tmp_path, llama), token, tmp_path / "serve.log")
     try:
-        port = await asyncio.to_thread(serve.port)
+        port = await asyncio.to_thread(serve.wait_port, 300.0)
         tts = load_tts("piper", resolve_model("piper-joe-medium"), threads=1)
         lines = prepare_lines([{"text": "What are your opening hours?"},
                                {"text": "How much does a cleaning cost?"}], tts)
