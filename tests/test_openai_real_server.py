@@ -28,7 +28,6 @@ real_engine = pytest.mark.real_engine
 
 SMALL = "smollm2-135m-instruct"
 ALIAS = "smollm2"
-REPO = Path(__file__).resolve().parents[1]
 USAGE = {"stream_options": {"include_usage": True}}
 QUESTION = [{"role": "system", "content": "You are the receptionist of Riverside Dental. Answer briefly."},
             {"role": "user", "content": "What are your opening hours?"}]
