@@ -133,25 +133,30 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
+def engine_and_gguf_or_skip(model_name: str) -> Path:
+    """The catalog GGUF of `model_name` (fetched now), with the engine installed; else the
+    test skips, or fails under SPECVOICE_REQUIRE_ENGINE=1."""
+    import pytest
+
+    reason = engine_missing_reason()
+    model = None
+    if reason is None:
+        try:
+            model = gguf_file(model_name)
+        except GGUFUnavailable as exc:
+            reason = str(exc)
+    if reason:
+        if require_engine():
+            pytest.fail(f"{reason} (SPECVOICE_REQUIRE_ENGINE=1)")
+        pytest.skip(reason)
+    return model
+
+
 def running_server(model_name: str, log_dir: Path, **options):
     """A started LlamaServer for the catalog GGUF `model_name` (a generator for a pytest
     fixture: yields the server, stops it afterwards and checks it is gone). No engine or no
     GGUF: the test skips, or fails under SPECVOICE_REQUIRE_ENGINE=1."""
-    import pytest
-
-    def unavailable(reason: str) -> None:
-        if require_engine():
-            pytest.fail(f"{reason} (SPECVOICE_REQUIRE_ENGINE=1)")
-        pytest.skip(reason)
-
-    reason = engine_missing_reason()
-    if reason:
-        unavailable(reason)
-    try:
-        model = gguf_file(model_name)
-    except GGUFUnavailable as exc:
-        unavailable(str(exc))
-    server = LlamaServer(model, log_path=log_dir / "server.log", **options)
+    server = LlamaServer(engine_and_gguf_or_skip(model_name), log_path=log_dir / "server.log", **options)
     server.start()
     try:
         yield server

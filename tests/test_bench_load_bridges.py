@@ -68,22 +68,6 @@ def test_stopping_needs_spawned_processes(capsys):
     assert "--spawn" in capsys.readouterr().err
 
 
-def _require_engine_and_gguf() -> None:
-    """The skip/fail logic of realengine.running_server, for a server the benchmark starts itself."""
-    from realengine import GGUFUnavailable, engine_missing_reason, gguf_file, require_engine
-
-    reason = engine_missing_reason()
-    if reason is None:
-        try:
-            gguf_file(SMALL)  # fetched now, so the benchmark finds it in the cache
-        except GGUFUnavailable as exc:
-            reason = str(exc)
-    if reason:
-        if require_engine():
-            pytest.fail(f"{reason} (SPECVOICE_REQUIRE_ENGINE=1)")
-        pytest.skip(reason)
-
-
 @pytest.mark.models
 @pytest.mark.slow
 @pytest.mark.real_engine
@@ -93,7 +77,9 @@ def test_two_serve_processes_one_stopped_mid_call_loses_nothing(tmp_path):
 
     for name in ("whisper-tiny.en", "piper-joe-medium"):
         require_model(name)
-    _require_engine_and_gguf()
+    from realengine import engine_and_gguf_or_skip
+
+    engine_and_gguf_or_skip(SMALL)  # fetched now, so the benchmark finds it in the cache
     out = tmp_path / "two-bridges.json"
     reports = tmp_path / "reports"
     rc = main(["bench", "load", "--spawn", "2", "--calls", "2", "2", "--stop-one-at-answer",
