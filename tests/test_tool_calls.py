@@ -4,6 +4,7 @@ the chunking, and the parser turns what it held into calls or a clear error."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given
@@ -71,7 +72,7 @@ def test_nothing_from_the_tag_on_is_spoken(before, after, cuts):
 
 @given(st.text(max_size=60), st.lists(st.integers(min_value=0, max_value=200), max_size=10))
 def test_text_without_a_tag_passes_whole(text, cuts):
-    if OPEN in text or text.lstrip().startswith(BARE_STARTS):
+    if OPEN in text or text.lstrip().startswith(BARE_STARTS) or re.search(r'\{\s*"name"\s*:', text):
         return
     out, parse = run(split_at(text, cuts))
     assert out == text and not parse.found and parse.error is None
@@ -118,6 +119,106 @@ def test_brace_after_speech_is_spoken_and_bare_junk_is_an_error():
     assert run(["It costs {about} $89."]) == ("It costs {about} $89.", parse_tool_calls(""))
     out, parse = run(['{"total": 89}'])
     assert out == "" and parse.found and '"name"' in parse.error and "<tool_call>" in parse.error
+
+
+# ---- calls written as prose: a tool name, then a JSON object (no tags) ----
+
+NAMES = frozenset({"check_slots", "book_slot", "cancel_booking", "take_message", "transfer_to_human", "end_call"})
+MESSAGE = ToolCall("take_message", '{"name": "Ann", "text": "call me back"}')
+BOOKED = ToolCall("book_slot", '{"slot": "Tuesday 10:30", "name": "Ann Lee"}')
+PROSE = [
+    # (model output, speakable text, the call): forms Qwen2.5-Coder-1.5B wrote with tools on.
+    ('Take_message, {"name": "Ann", "text": "call me back"}', "", MESSAGE),
+    ('Sure. take_message({"name": "Ann", "text": "call me back"})', "Sure. ", MESSAGE),
+    ('I\'ll book it: book_slot {"slot": "Tuesday 10:30", "name": "Ann Lee"}', "I'll book it: ", BOOKED),
+    # The JSON a whole call, not only the arguments.
+    ('Okay. Book_slot: {"name": "book_slot", "arguments": {"slot": "Tuesday 10:30", "name": "Ann Lee"}}',
+     "Okay. ", BOOKED),
+    # A call object after speech, with no name before it.
+    ('One moment. {"name": "take_message", "arguments": {"name": "Ann", "text": "call me back"}}',
+     "One moment. ", MESSAGE),
+]
+
+
+def run_named(chunks: list[str]) -> tuple[list[str], str, object]:
+    f = ToolCallFilter(tool_names=NAMES)
+    outs = [f.feed(c) for c in chunks]
+    tail, parse = f.finish()
+    return outs, tail, parse
+
+
+def small_deltas(text: str, sizes: tuple[int, ...]) -> list[str]:
+    out, i, k = [], 0, 0
+    while i < len(text):
+        out.append(text[i:i + sizes[k % len(sizes)]])
+        i, k = i + sizes[k % len(sizes)], k + 1
+    return out
+
+
+@pytest.mark.parametrize("sizes", [(1,), (2,), (3,), (1, 3, 2), (2, 1)])
+@pytest.mark.parametrize("text,spoken,call", PROSE)
+def test_prose_call_is_held_and_parsed(text, spoken, call, sizes):
+    outs, tail, parse = run_named(small_deltas(text, sizes))
+    heard = "".join(outs) + tail
+    assert heard == spoken  # the text before the name, and nothing of the name or the JSON
+    assert "{" not in heard and call.name not in heard.lower()
+    assert parse.error is None and parse.calls == (call,)
+    # The speech before the call went out before the call was complete, not at the end.
+    if spoken:
+        assert "".join(outs[:-1]).startswith(spoken.rstrip())
+
+
+@given(st.sampled_from(PROSE), st.lists(st.integers(min_value=0, max_value=200), max_size=12))
+def test_prose_call_any_split(case, cuts):
+    text, spoken, call = case
+    outs, tail, parse = run_named(split_at(text, cuts))
+    assert "".join(outs) + tail == spoken and parse.calls == (call,)
+
+
+@pytest.mark.parametrize("text", [
+    "I can take a message for you.",
+    "Booking is easy, just tell me the day.",
+    "Let me check the book_slot list. Facebook_slot {x} is not a tool.",
+    "Take it easy. End call? No.",
+])
+@pytest.mark.parametrize("sizes", [(1,), (2,), (3,), (1, 3, 2)])
+def test_speech_with_tool_like_words_passes_without_delay(text, sizes):
+    chunks = small_deltas(text, sizes)
+    outs, tail, parse = run_named(chunks)
+    assert "".join(outs) + tail == text and not parse.found
+    # Nothing waits for the end of the answer: what ends on the last delta was already spoken
+    # by then unless it could still begin a call (a bounded window, no more).
+    assert tail == "" or len(tail) <= max(map(len, NAMES)) + 9
+    if text.endswith("."):
+        assert tail == ""
+
+
+def test_a_partial_name_waits_only_until_decided():
+    f = ToolCallFilter(tool_names=NAMES)
+    assert f.feed("Let me b") == "Let me "
+    assert f.feed("oo") == ""
+    assert f.feed("k it") == "book it"  # not a name after all: spoken at once
+    assert f.feed(" take_mes") == " "
+    assert f.feed("sage, ") == ""  # a whole name and separators: the brace may still come
+    assert f.feed("{") == ""  # it came: held from the name on
+    f2 = ToolCallFilter(tool_names=NAMES)
+    assert f2.feed("Use take_message, ") == "Use "
+    assert f2.feed("then hang up.") == "take_message, then hang up."
+
+
+def test_prose_call_shapes_that_are_not_a_call_are_errors():
+    for text in ['take_message, {"name": "Ann", ', 'book_slot({"name": "book_slot", "arguments": [1]})',
+                 'end_call {"name": 7, "arguments": {}}']:
+        outs, tail, parse = run_named(small_deltas(text, (2,)))
+        assert "".join(outs) + tail == "" and parse.found and not parse.calls
+        assert parse.error.startswith("tool call 1:") and "<tool_call>" in parse.error
+
+
+def test_prose_parse_needs_a_known_name():
+    assert parse_tool_calls('Okay, {"a": 1}', NAMES) == parse_tool_calls("")
+    assert parse_tool_calls('take_message, {"text": "hi"}') == parse_tool_calls("")  # no names given
+    p = parse_tool_calls('END_CALL {{"name": "end_call"}}', NAMES)
+    assert p.calls == (ToolCall("end_call", "{}"),)
 
 
 def test_bad_json_is_an_error_quoting_the_call():

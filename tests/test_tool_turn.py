@@ -136,6 +136,26 @@ async def test_booking_round_trip_hears_no_tool_tokens(store):
     assert [k for k, _ in events if k.startswith("tool")] == ["tool_call", "tool_result"]
 
 
+@pytest.mark.parametrize("first", [
+    # Calls the 1.5B wrote as prose, no tags: the caller must hear neither name nor JSON.
+    'Sure, I\'ll book it: book_slot {"slot": "Tuesday 10:30", "name": "Ann Lee"}',
+    'Sure, I\'ll book it. Book_slot({"name": "book_slot", "arguments": {"slot": "Tuesday 10:30", "name": "Ann Lee"}})',
+])
+async def test_prose_call_runs_and_is_not_heard(store, first):
+    backend = ScriptedBackend(reply=rounds(first, "You're booked for Tuesday at 10:30, Ann."))
+    box = Box(store)
+    result, spoken, _ = await turn(backend, box)
+    assert spoken[-1] == "You're booked for Tuesday at 10:30, Ann."
+    assert spoken[0].startswith("Sure, I'll book it")
+    assert not any("{" in s or "book_slot" in s.lower() for s in spoken)
+    assert box.calls == [("book_slot", '{"slot": "Tuesday 10:30", "name": "Ann Lee"}')]
+    (entry,) = result.tool_calls
+    assert entry["ok"] and entry["result"]["booked"] is True
+    (booking,) = store.bookings()
+    assert booking.name == "Ann Lee" and booking.slot == SLOTS[0]
+    assert not result.fallback
+
+
 async def test_malformed_call_gets_its_error_back_once_then_succeeds(store):
     seen = []
 

@@ -25,13 +25,14 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llm.tool_calls import ToolCall, ToolCallFilter, ToolCallParse
+from pipeline.tools import TOOLS
 
 if TYPE_CHECKING:
     from pipeline.stages.respond import AnswerStream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "ToolRunner", "result_line", "tool_turn"]
+__all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "ToolRunner", "result_line", "tool_names", "tool_turn"]
 
 MAX_ROUNDS = 3
 FALLBACK = "Sorry, I couldn't do that. Let me take a message instead."
@@ -50,8 +51,9 @@ async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
     result, barge_in = answer.result, answer.barge_in
     messages = list(messages)
     failures = 0
+    names = tool_names(answer.backend)
     for n in range(max_rounds + 1):
-        said, parse = await answer.round(messages, ToolCallFilter())
+        said, parse = await answer.round(messages, ToolCallFilter(tool_names=names))
         if barge_in.fired or result.finish_reason in ("cancelled", "error"):
             return
         if not parse.found:
@@ -80,6 +82,17 @@ async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
             if failures >= 2:
                 _fall_back(answer)
                 return
+
+
+def tool_names(backend: Any) -> frozenset[str]:
+    """The names the model may write a call with: the tool box's tools and those in the
+    backend's schemas. The filter holds a call written in prose with one of them
+    ("take_message, {...}"), which the 1.5B writes now and then, instead of speaking it."""
+    schemas = getattr(backend, "tools", None)
+    schemas = schemas if isinstance(schemas, (list, tuple)) else ()
+    return frozenset(TOOLS) | {t["function"]["name"] for t in schemas
+                               if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                               and isinstance(t["function"].get("name"), str)}
 
 
 async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: int,
