@@ -10,7 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HELP = "a scripted multi-turn call, speculation on vs off: per-turn latency side by side"
+HELP = ("a scripted multi-turn call, speculation on vs off: per-turn latency side by side "
+        "(--turn-modes: baseline, streaming_stt, smart_turn, preemptive turn endings)")
 DESCRIPTION = """\
 Plays the same scripted call twice through the in-process pipeline (real-time audio
 source and sink, real Whisper, LLM and Piper of --config): once with the config's
@@ -25,16 +26,30 @@ Piper into WAV files first. The two runs share the machine, so compare them toge
   specvoice bench pipeline --wav q1.wav q2.wav q3.wav --config gpu
 
 With --turn-modes it compares how the caller's turn ends instead (the config's
-speculation in every run), one call per mode, side by side:
-  silence     the endpointer's silence (vad.end_silence_ms) ends every turn
-  smart_turn  Smart Turn v3.2 on a short pause, "incomplete" waits (turn.preemptive off)
-  preemptive  smart_turn, and the LLM starts while an "incomplete" pause waits (kept only
-              when the turn ends on that same audio: token-identical)
-The default lines are then the questions, lines spoken in two parts with a pause
-(--pause-ms) after words that cannot end a turn, and lines the caller trails off at. Per mode: voice-to-voice and first
-sentence p50/p90, lines cut in two (answered more than once), preemptive hit rate.
+speculation in every run), one call per mode over the same lines, side by side
+(a comma list, or "all" for the four):
+  baseline       today's default: the endpointer's silence (vad.end_silence_ms) ends
+                 every turn, Whisper runs after it (stt.streaming off); "silence" is an
+                 alias
+  streaming_stt  baseline's silence endpointing, Whisper transcribing while the caller
+                 speaks (stt.streaming on): only the unconfirmed words are left after it
+  smart_turn     Smart Turn v3.2 on a short pause, "incomplete" waits (turn.preemptive
+                 off, stt.streaming off)
+  preemptive     all three: smart_turn, the LLM starts while an "incomplete" pause waits
+                 (kept only when the turn ends on that same audio: token-identical), and
+                 streaming STT
+The default lines (15; or --wav files): 5 receptionist questions, 6 lines spoken with a
+--pause-ms pause (default 700 ms) after words that cannot end a turn ("Do you accept |
+Delta Dental insurance?"), and 4 lines the caller trails off at. Every third line
+(--other-voice-every) is spoken by espeak-ng, a voice other than the agent's Piper voice
+(apt-get install espeak-ng; without it those lines fall back to Piper with a warning).
+Per mode: voice-to-voice and first sentence p50/p90, end-of-turn delay, STT time after
+the end of the turn (stt_after_endpoint, else stt_latency), lines cut in two (answered
+in more than one turn), preemptive hit rate; the JSON also lists each line's voice and
+pause.
 
-  specvoice bench pipeline --turn-modes silence,smart_turn,preemptive --out turns.json
+  specvoice bench pipeline --turn-modes all --out turns.json
+  specvoice bench pipeline --turn-modes baseline,preemptive --pause-ms 800
 """
 
 QUESTIONS = [
@@ -49,6 +64,9 @@ PAUSED = [
     ("I would like to book a cleaning for", "next Tuesday morning."),
     ("Do you accept", "Delta Dental insurance?"),
     ("My name is Ann Lee and I need to cancel my appointment on", "Friday."),
+    ("Could you tell me if Dr. Patel is free on", "Wednesday afternoon?"),
+    ("I need to move my cleaning to", "Friday morning."),
+    ("Can I get the appointment with Dr. Moreno on", "Wednesday at two fifteen?"),
 ]
 # Lines a caller trails off at (Smart Turn tends to hear them as incomplete: the turn ends
 # at turn.max_silence_ms, the case preemptive generation is for).
@@ -58,7 +76,18 @@ TRAILING = [
     "My insurance is with Aetna, but",
     "So the cleaning would be on Friday then, and",
 ]
-TURN_MODES = ("silence", "smart_turn", "preemptive")
+TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive")
+MODE_ALIASES = {"silence": "baseline"}  # the old name (README commands)
+# Each mode's turn ending and STT: config.turn fields, and stt.streaming.
+MODE_SETTINGS = {
+    "baseline": ({"mode": "silence", "preemptive": False}, False),
+    "streaming_stt": ({"mode": "silence", "preemptive": False}, True),
+    "smart_turn": ({"mode": "smart_turn", "preemptive": False}, False),
+    "preemptive": ({"mode": "smart_turn", "preemptive": True}, True),
+}
+OTHER_VOICE_EVERY = 3  # default lines: every third one spoken by espeak-ng, not Piper
+ESPEAK = "espeak-ng"
+ESPEAK_VOICE = ("en-us", 160)  # espeak-ng -v, -s (words per minute)
 COLUMNS = ["endpoint_delay", "stt_latency", "ttft", "first_sentence_latency", "tts_first_audio", "voice_to_voice",
            "llm_total"]
 
@@ -68,15 +97,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wav", nargs="*", type=Path, help="the caller's lines as WAV files (default: Piper questions)")
     parser.add_argument("--turns", type=int, default=len(QUESTIONS), help="default script: how many questions")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--turn-modes", help=f"compare turn endings instead, one call each: a comma list of "
-                                             f"{', '.join(TURN_MODES)}")
+    parser.add_argument("--turn-modes", metavar="MODES",
+                        help="compare turn endings instead, one call each over the same lines: a comma list of "
+                             f"{', '.join(TURN_MODES)} (silence = baseline), or 'all'. baseline: silence "
+                             "endpointing; streaming_stt: + stt.streaming; smart_turn: Smart Turn, no preemption; "
+                             "preemptive: Smart Turn + preemptive LLM + streaming STT")
     parser.add_argument("--pause-ms", type=int, default=700,
-                        help="--turn-modes default lines: the pause inside a two-part line (default: %(default)s)")
+                        help="--turn-modes default lines: the pause after words that cannot end a turn, inside a "
+                             "two-part line (default: %(default)s)")
     parser.add_argument("--paused-lines", type=int, default=len(PAUSED),
                         help="--turn-modes default lines: how many two-part lines (default: %(default)s)")
     parser.add_argument("--trailing-lines", type=int, default=len(TRAILING),
                         help="--turn-modes default lines: how many lines that trail off (default: %(default)s)")
-
+    parser.add_argument("--other-voice-every", type=int, default=OTHER_VOICE_EVERY, metavar="N",
+                        help="--turn-modes default lines: every Nth line is spoken by espeak-ng instead of the "
+                             "agent's Piper voice; 0: Piper only (default: %(default)s)")
 
 def _pct(values: list[float], q: float) -> float | None:
     from pipeline.report import percentile
@@ -124,11 +159,73 @@ def _summary(report: dict) -> dict:
     return out
 
 
-def _mode_config(config, mode: str):
-    turn = {"silence": {"mode": "silence", "preemptive": False}, "smart_turn": {"mode": "smart_turn", "preemptive": False},
-            "preemptive": {"mode": "smart_turn", "preemptive": True}}[mode]
-    return config.model_copy(update={"turn": config.turn.model_copy(update=turn)})
+def parse_turn_modes(text: str | None) -> tuple[list[str], list[str]]:
+    """--turn-modes -> (modes in order, without repeats, aliases resolved; unknown names).
+    "all" stands for the four modes."""
+    modes, unknown = [], []
+    for name in (m.strip() for m in (text or "").split(",")):
+        if not name:
+            continue
+        names = list(TURN_MODES) if name == "all" else [MODE_ALIASES.get(name, name)]
+        for mode in names:
+            if mode not in TURN_MODES:
+                unknown.append(name)
+            elif mode not in modes:
+                modes.append(mode)
+    return modes, unknown
 
+
+def _mode_config(config, mode: str):
+    """`config` with the turn ending (turn.mode, turn.preemptive) and stt.streaming of `mode`."""
+    turn, streaming = MODE_SETTINGS[MODE_ALIASES.get(mode, mode)]
+    return config.model_copy(update={"turn": config.turn.model_copy(update=turn),
+                                     "stt": config.stt.model_copy(update={"streaming": streaming})})
+
+
+def default_lines(turns: int = len(QUESTIONS), paused: int = len(PAUSED), trailing: int = len(TRAILING),
+                  other_voice_every: int = OTHER_VOICE_EVERY) -> list[dict]:
+    """--turn-modes' default lines, in the order spoken: name (the WAV's stem), kind
+    (question, paused, trailing), text, split (the paused line's two parts, else None) and
+    voice ("espeak-ng" for every `other_voice_every`th line, else "piper")."""
+    lines = [{"name": f"q{i}", "kind": "question", "text": t, "split": None} for i, t in enumerate(QUESTIONS[:turns])]
+    lines += [{"name": f"p{i}", "kind": "paused", "text": f"{a} {b}", "split": (a, b)}
+              for i, (a, b) in enumerate(PAUSED[:paused])]
+    lines += [{"name": f"t{i}", "kind": "trailing", "text": t, "split": None} for i, t in enumerate(TRAILING[:trailing])]
+    for i, line in enumerate(lines):
+        other = other_voice_every > 0 and (i + 1) % other_voice_every == 0
+        line["voice"] = ESPEAK if other else "piper"
+    return lines
+
+
+def espeak_available() -> bool:
+    import shutil
+
+    return shutil.which(ESPEAK) is not None
+
+
+def espeak_speak(text: str, work: Path, voice: str = ESPEAK_VOICE[0], wpm: int = ESPEAK_VOICE[1]):
+    """`text` spoken by espeak-ng -> (mono float32 at the STT rate, 16 kHz, rate). espeak-ng
+    writes a 22.05 kHz WAV; read_wav resamples it (soxr, voice.audio.resample)."""
+    import subprocess
+
+    from voice.wav import read_wav
+
+    if not espeak_available():
+        raise FileNotFoundError(f"{ESPEAK} not found: install it with `apt-get install espeak-ng`")
+    with tempfile.NamedTemporaryFile(suffix=".wav", dir=work, delete=False) as f:
+        path = Path(f.name)
+    try:
+        subprocess.run([ESPEAK, "-v", voice, "-s", str(wpm), "-w", str(path), text], check=True,
+                       capture_output=True, timeout=60)
+        return read_wav(path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _stt_after_endpoint(metrics: dict):
+    """The STT time after the end of the turn: stt_after_endpoint where the turn's report
+    has it (streaming STT era), else stt_latency (all of Whisper runs after the end)."""
+    return metrics.get("stt_after_endpoint", metrics.get("stt_latency"))
 
 async def _play_lines(config, models, end_of_turn, wavs, report_dir: Path, label: str) -> dict:
     """One call, each line spoken after the agent has answered the previous one; a line
@@ -176,18 +273,23 @@ async def _play_lines(config, models, end_of_turn, wavs, report_dir: Path, label
 def _mode_summary(report: dict, lines: int) -> dict:
     turns = report["turns"]
 
-    def spread(name: str) -> dict:
-        values = [t["metrics"][name] * 1000 for t in turns if t["metrics"].get(name) is not None]
+    def spread_of(values: list[float]) -> dict:
+        values = [v * 1000 for v in values if v is not None]
         return {"p50": _pct(values, 0.5), "p90": _pct(values, 0.9), "n": len(values)}
+
+    def spread(name: str) -> dict:
+        return spread_of([t["metrics"].get(name) for t in turns])
 
     per_line = report["turns_per_line"]
     pre = report["summary"].get("preemptive") or {}
     return {"voice_to_voice_ms": spread("voice_to_voice"), "first_sentence_ms": spread("first_sentence_latency"),
             "eot_delay_ms": spread("endpoint_delay"), "stt_latency_ms": spread("stt_latency"),
+            "stt_after_endpoint_ms": spread_of([_stt_after_endpoint(t["metrics"]) for t in turns]),
+            "stt_after_endpoint_source": "stt_after_endpoint" if any("stt_after_endpoint" in t["metrics"]
+                                                                     for t in turns) else "stt_latency",
             "cutoff_rate": round(sum(1 for n in per_line if n > 1) / lines, 4) if lines else None,
-            "turns": len(turns), "lines": lines, "preemptive_hit_rate": pre.get("hit_rate"),
-            "preemptive": pre, "report": report["report_path"]}
-
+            "turns": len(turns), "lines": lines, "turns_per_line": per_line,
+            "preemptive_hit_rate": pre.get("hit_rate"), "preemptive": pre, "report": report["report_path"]}
 
 def _insert_pause(pcm, rate: int, at: float, pause_s: float):
     """`pcm` with `pause_s` of silence inserted at its quietest 20 ms within 12% of the
@@ -211,26 +313,39 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
     from voice.wav import write_wav
 
     wavs = list(args.wav or [])
+    lines = [{"name": Path(w).stem, "kind": "file", "text": None, "voice": "file", "paused": False} for w in wavs]
     if not wavs:
-        def speak(text: str) -> tuple[np.ndarray, int]:
+        def piper(text: str) -> tuple[np.ndarray, int]:
             chunks = list(models.tts.synthesize(text))
             return np.concatenate([c.pcm for c in chunks]), chunks[0].sample_rate
 
-        for i, text in enumerate(QUESTIONS[: args.turns]):
-            pcm, rate = speak(text)
-            wavs.append(write_wav(work / f"q{i}.wav", pcm, rate))
-        for i, (first, second) in enumerate(PAUSED[: args.paused_lines]):
-            # The whole sentence spoken at once, split at the quietest point near the word
-            # boundary: said apart, Piper ends the fragment as a sentence (falling pitch),
-            # and Smart Turn rightly hears it as complete.
-            pcm, rate = speak(f"{first} {second}")
-            wavs.append(write_wav(work / f"p{i}.wav", _insert_pause(pcm, rate, len(first) / len(f"{first} {second}"),
-                                                                    args.pause_ms / 1000), rate))
-        for i, text in enumerate(TRAILING[: args.trailing_lines]):
-            pcm, rate = speak(text)
-            wavs.append(write_wav(work / f"t{i}.wav", pcm, rate))
+        lines = default_lines(args.turns, args.paused_lines, args.trailing_lines, args.other_voice_every)
+        if any(line["voice"] == ESPEAK for line in lines) and not espeak_available():
+            print(f"warning: {ESPEAK} not found (apt-get install espeak-ng): the lines meant for a second voice "
+                  "are spoken by Piper too", file=sys.stderr)
+            for line in lines:
+                line["voice"] = "piper"
+        for line in lines:
+            if line["voice"] == ESPEAK:
+                pcm, rate = espeak_speak(line["text"], work)
+            else:
+                # A paused line is the whole sentence spoken at once, split at the quietest
+                # point near the word boundary: said apart, Piper ends the fragment as a
+                # sentence (falling pitch), and Smart Turn rightly hears it as complete.
+                pcm, rate = piper(line["text"])
+            if line["split"]:
+                first, _ = line["split"]
+                pcm = _insert_pause(pcm, rate, len(first) / len(line["text"]), args.pause_ms / 1000)
+            line["paused"] = bool(line["split"])
+            line["pause_ms"] = args.pause_ms if line["split"] else None
+            wavs.append(write_wav(work / f"{line['name']}.wav", pcm, rate))
+        print(f"{len(lines)} lines, {sum(line['paused'] for line in lines)} with a {args.pause_ms} ms pause, "
+              f"{sum(line['voice'] == ESPEAK for line in lines)} spoken by {ESPEAK}", file=sys.stderr)
+    for line, wav in zip(lines, wavs):
+        line.pop("split", None)
+        line["wav"] = str(wav)
     end_of_turn = models.end_of_turn
-    if end_of_turn is None and any(m != "silence" for m in modes):
+    if end_of_turn is None and any(_mode_config(config, m).turn.mode == "smart_turn" for m in modes):
         end_of_turn = load_end_of_turn(_mode_config(config, "smart_turn"))
     runs = {}
 
@@ -241,17 +356,21 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
 
     asyncio.run(main())
     summaries = {mode: _mode_summary(rep, len(wavs)) for mode, rep in runs.items()}
-    print(f"\n{'mode':<11} {'v2v p50':>8} {'p90':>6} | {'1st sent p50':>12} {'p90':>6} | {'eot p50':>7} | "
-          f"{'stt p50':>7} | cut | turns/lines | preemptive kept")
+    print(f"\n{'mode':<13} {'v2v p50':>8} {'p90':>6} | {'1st sent p50':>12} {'p90':>6} | {'eot p50':>7} | "
+          f"{'stt p50':>7} | {'stt after end':>13} {'p90':>6} | cut  | turns/lines | preemptive kept")
     for mode, s in summaries.items():
-        v, f = s["voice_to_voice_ms"], s["first_sentence_ms"]
+        v, f, a = s["voice_to_voice_ms"], s["first_sentence_ms"], s["stt_after_endpoint_ms"]
         hit = "-" if s["preemptive_hit_rate"] is None else f"{s['preemptive']['hits']}/{s['preemptive']['turns']}"
-        print(f"{mode:<11} {_fmt(v['p50'], 1, 8)} {_fmt(v['p90'], 1, 6)} | {_fmt(f['p50'], 1, 12)} "
+        cut = "-" if s["cutoff_rate"] is None else f"{s['cutoff_rate']:.2f}"
+        print(f"{mode:<13} {_fmt(v['p50'], 1, 8)} {_fmt(v['p90'], 1, 6)} | {_fmt(f['p50'], 1, 12)} "
               f"{_fmt(f['p90'], 1, 6)} | {_fmt(s['eot_delay_ms']['p50'], 1, 7)} | {_fmt(s['stt_latency_ms']['p50'], 1, 7)} | "
-              f"{s['cutoff_rate']:.2f} | {s['turns']:>5}/{s['lines']:<5} | {hit}")
+              f"{_fmt(a['p50'], 1, 13)} {_fmt(a['p90'], 1, 6)} | {cut:<4} | {s['turns']:>5}/{s['lines']:<5} | {hit}")
     if args.out:
         result = {"bench": "pipeline-turn-modes", "machine": platform.platform(), "config": args.config or "default",
-                  "wavs": [str(w) for w in wavs], "pause_ms": args.pause_ms, "modes": summaries,
+                  "wavs": [str(w) for w in wavs], "pause_ms": args.pause_ms, "lines": lines,
+                  "mode_settings": {mode: {"turn": MODE_SETTINGS[mode][0], "stt_streaming": MODE_SETTINGS[mode][1]}
+                                    for mode in summaries},
+                  "modes": summaries,
                   "per_turn": {mode: [{"user_text": t["user_text"], "agent_text": t["agent_text"],
                                        "metrics": t["metrics"], "end_of_turn": t.get("end_of_turn"),
                                        "preemptive_hit": t.get("preemptive_hit"),
@@ -270,11 +389,10 @@ def run(args: argparse.Namespace) -> int:
     from demo.commands import load_config_or_exit, load_models_or_exit
 
     config = load_config_or_exit(args.config, "specvoice bench pipeline")
-    modes = [m.strip() for m in (args.turn_modes or "").split(",") if m.strip()]
-    unknown = [m for m in modes if m not in TURN_MODES]
+    modes, unknown = parse_turn_modes(args.turn_modes)
     if unknown:
         print(f"specvoice bench pipeline: unknown turn mode(s) {', '.join(unknown)}; choose from "
-              f"{', '.join(TURN_MODES)}", file=sys.stderr)
+              f"{', '.join(TURN_MODES)} (or silence = baseline, or all)", file=sys.stderr)
         return 2
     if config.llm.backend != "speculative":
         print("specvoice bench pipeline: it compares in-process speculation on/off; llm.backend must be "
