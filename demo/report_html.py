@@ -740,7 +740,7 @@ def _turn_section(report: dict, i: int, turn: dict) -> str:
     v2v_text = f" — voice to voice {v2v:.3f} s" if v2v is not None else ""
     return (
         f'<div class="turn" id="turn-{i}"><h3>Turn {esc(turn.get("index", i))}{esc(v2v_text)}{flag}</h3>'
-        f"{_eot_line(turn, i)}{_preempt_line(turn, i)}"
+        f"{_eot_line(turn, i)}{_preempt_line(turn, i)}{_stt_stream_line(turn, i)}"
         f'<div class="transcript"><div class="user" data-role="user">{esc(turn.get("user_text") or "")}</div>'
         f'<div class="agent" data-role="agent">{_agent_said(turn)}</div></div>'
         f"{waterfall_svg(turn)}{_tool_table(turn, i)}</div>"
@@ -787,6 +787,36 @@ def _preempt_line(turn: dict, i: int) -> str:
         parts.append('<span class="stt-skipped" data-field="stt_skipped">STT skipped after the endpoint '
                      '(the pause\'s transcript was reused)</span>')
     return f'<p class="preempt" data-turn="{i}">{" · ".join(parts)}</p>'
+
+
+def _stt_stream_line(turn: dict, i: int) -> str:
+    """Streaming STT (stt.streaming) in the turn: passes while the caller spoke, the stable
+    and interim transcripts in order (time from the start of speech), and what was left to
+    transcribe after the end of the turn; or why the whole utterance was transcribed."""
+    stream = _dict(turn.get("stt_stream"))
+    if not stream:
+        return ""
+    if not stream.get("used"):
+        return (f'<p class="stt-stream" data-turn="{i}"><span class="k">streaming STT:</span> '
+                f'<span data-field="stt_stream_used" data-value="false">not used: {esc(stream.get("why") or "—")}'
+                "</span></p>")
+    after = _dict(turn.get("metrics")).get("stt_after_endpoint")
+    parts = [f'<span class="k">streaming STT:</span> <span data-field="stt_passes" '
+             f'data-value="{_data_value(stream.get("passes"))}">{fmt(stream.get("passes"))} passes</span>',
+             f'tail {fmt(stream.get("tail_s"), 2)} s of {fmt(stream.get("utterance_s"), 2)} s transcribed after the end']
+    if num(after) is not None:
+        parts.append(f'<span class="k">stt_after_endpoint</span> <span data-field="stt_after_endpoint" '
+                     f'data-value="{_data_value(after)}">{fmt(after)} s</span>')
+    events = [e for e in stream.get("events") or [] if isinstance(e, dict)]
+    start = num(_dict(turn.get("timeline")).get("speech_start"))
+    items = []
+    for e in events:
+        at = num(e.get("at"))
+        when = f"+{at - start:.2f} s " if at is not None and start is not None else ""
+        items.append(f'<li data-kind="{esc(e.get("kind"))}">{esc(when)}<span class="k">{esc(e.get("kind"))}</span> '
+                     f"{esc(e.get('text') or '')}</li>")
+    listing = f'<ol class="transcripts">{"".join(items)}</ol>' if items else ""
+    return f'<p class="stt-stream" data-turn="{i}">{" · ".join(parts)}</p>{listing}'
 
 
 def _report_section(report: dict, idx: int) -> str:

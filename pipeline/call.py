@@ -63,6 +63,7 @@ from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, Tex
 from pipeline.report import CallReport, write_report
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.listen import KeyPress, Keypad, KeypadEntry, listen
+from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
 from pipeline.stages.preempt import PreemptedBackend, Preemptor, TurnPreemption
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
@@ -71,14 +72,17 @@ from pipeline.stages.turn_taking import TurnEnd, TurnPending, TurnTaker
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import History, LLMResult, Turn
 from voice.endpointer import Endpointer, SpeechStarted
+from voice.streaming_stt import StreamingTranscriber
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Call", "History", "ModelSet", "Turn", "voice_executor"]
 
 # Call events also published to MQTT as they happen (<prefix>/calls/<id>/events): the
-# end-of-turn decision and the preemptive generation's start / kept / discarded.
-MQTT_EVENTS = frozenset({"end_of_turn", "preemptive_start", "preemptive_kept", "preemptive_discarded"})
+# end-of-turn decision, the preemptive generation's start / kept / discarded, and the
+# streaming STT's interim and stable transcripts.
+MQTT_EVENTS = frozenset({"end_of_turn", "preemptive_start", "preemptive_kept", "preemptive_discarded",
+                         "transcript_interim", "transcript_stable"})
 
 _voice_pool: ThreadPoolExecutor | None = None
 _voice_pool_lock = threading.Lock()
@@ -133,6 +137,7 @@ class Call:
         on_event: Callable[[str, dict], None] | None = None,
         executor: Executor | None = None,
         toolbox: ToolRunner | None = None,
+        new_transcriber: Callable[[], StreamingTranscriber] | None = None,
     ):
         self.config = config
         self.source, self.sink = source, sink
@@ -174,6 +179,19 @@ class Call:
             self.preemptor = Preemptor(stt, backend, self.params, self.history.messages, executor=self.executor,
                                        emit=self._emit)
             self.turn_taker.announce_pauses = True
+        # Streaming STT (config.stt.streaming): the turn is transcribed while the caller
+        # speaks; passes wait while the agent answers (the LLM needs the cores then).
+        self.live: LiveTranscript | None = None
+        self._live_claims: dict[int, TurnTranscript] = {}  # id(TurnEnd) -> its streamed transcript
+        if config.stt.streaming:
+            if new_transcriber is None:
+                if getattr(stt, "model", None) is None:
+                    raise ValueError("stt.streaming needs the faster-whisper STT (voice.stt.WhisperSTT); "
+                                     "set stt.streaming = false or pass new_transcriber")
+                interval_s = config.stt.stream_interval_ms / 1000
+                new_transcriber = lambda: StreamingTranscriber(stt, interval_s=interval_s)  # noqa: E731
+            self.live = LiveTranscript(new_transcriber, executor=self.executor, emit=self._emit,
+                                       paused=lambda: self._responding is not None)
 
     @classmethod
     def from_models(
@@ -269,6 +287,8 @@ class Call:
             await _settle(input_task, turns_task, self._turn_task)
             if self.preemptor is not None:
                 await self.preemptor.close()  # a hang-up mid-preemption: stopped before the backend closes
+            if self.live is not None:
+                await self.live.close()
             if error is None and self.errors:
                 error = "; ".join(self.errors)
             await self._close(end_reason, error)
@@ -299,7 +319,7 @@ class Call:
 
     async def _input(self) -> None:
         try:
-            async for event in listen(self.source, self.endpointer, self.turn_taker):
+            async for event in listen(self.source, self.endpointer, self.turn_taker, self.live):
                 if isinstance(event, SpeechStarted):
                     self._emit("speech_started", t=event.declared_t)
                     if self.preemptor is not None:
@@ -315,6 +335,8 @@ class Call:
                                delay=round(u.declared_t - u.last_voiced_t, 6), pauses=event.pauses)
                     if self.preemptor is not None and (claim := self.preemptor.claim(event)) is not None:
                         self._preempted[id(event)] = claim
+                    if self.live is not None:
+                        self._live_claims[id(event)] = self.live.claim(event)
                     self._utterances.put_nowait(event)
                 elif isinstance(event, TurnPending):
                     # Start only while no turn runs or waits: its answer would change the
@@ -383,20 +405,32 @@ class Call:
         # The same audio was transcribed while the caller paused: the same greedy Whisper
         # output, so it is reused (None: no preemption, or its STT failed).
         text = await preemptor.transcript(claim) if preemptor is not None else None
+        live = self._live_claims.pop(id(end), None)
+        if live is not None:
+            if text is not None:
+                live.drop("preemptive transcript reused")
+            else:
+                # Streamed while the caller spoke: only the unconfirmed tail is left.
+                try:
+                    text = await live.finish()
+                except Exception:
+                    log.exception("call %s: streaming STT failed; transcribing the whole utterance", self.call_id)
+                    live.report = {"used": False, "why": "finish failed"}
         if text is None:
             try:
                 text = await loop.run_in_executor(self.executor, self.stt.transcribe, utterance.audio)
             except Exception as exc:
                 log.exception("call %s: STT failed", self.call_id)
                 turn.error = f"stt: {type(exc).__name__}: {exc}"
-                self._record(turn, preemption=claim)
+                self._record(turn, preemption=claim, live=live)
                 return
         tl.mark("transcript")
         text = (text or "").strip()
         if not text:
             # Silence or noise Whisper could not read: no turn, no LLM call.
             self.skipped_utterances += 1
-            self._emit("skipped", audio_s=len(utterance.audio) / 16000)
+            self._emit("skipped", audio_s=len(utterance.audio) / 16000,
+                       **({"stt_stream": live.report} if live is not None else {}))
             return
         turn.user_text = text
         self._emit("transcript", turn=turn.index, text=text)
@@ -410,7 +444,7 @@ class Call:
             await self._answer(turn, messages, backend)
         finally:
             self._responding = None
-            self._record(turn, preemption=claim)
+            self._record(turn, preemption=claim, live=live)
 
     async def _keypad_turn(self, entry: KeypadEntry) -> None:
         """Keys the caller pressed, answered like words: no STT, the rest is a normal turn.
@@ -467,7 +501,8 @@ class Call:
 
     # ------------------------------------------------------------ recording
 
-    def _record(self, turn: Turn, keypad: KeypadEntry | None = None, preemption: TurnPreemption | None = None) -> None:
+    def _record(self, turn: Turn, keypad: KeypadEntry | None = None, preemption: TurnPreemption | None = None,
+                live: TurnTranscript | None = None) -> None:
         """A finished turn: history gets what the caller heard; report, MQTT, callbacks."""
         assert self.report is not None
         if turn.user_text:
@@ -488,6 +523,10 @@ class Call:
             entry["action"] = {"action": turn.llm.action, "reason": turn.llm.action_reason}
             self.ended_by = (turn.llm.action, turn.llm.action_reason)
             self._emit(turn.llm.action, turn=turn.index, reason=turn.llm.action_reason)
+        if live is not None:
+            # Event times as the timeline's: seconds since the call start (frame clock = monotonic).
+            entry["stt_stream"] = {**live.report, "events": [
+                {**e, "at": round(e["at"] - self.report.t0, 6)} for e in live.report.get("events", ())]}
         if turn.end_of_turn is not None:
             e = turn.end_of_turn
             entry["end_of_turn"] = {"reason": e.reason, "probability": e.probability, "pauses": e.pauses}

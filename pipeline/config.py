@@ -88,7 +88,12 @@ class STTConfig(Section):
     compute_type: str = "int8"
     beam_size: int = Field(default=1, ge=1)
     language: str | None = "en"
-    interim: bool = False
+    # Transcribe while the caller speaks (voice/streaming_stt.py: LocalAgreement-2 over
+    # re-transcriptions every stream_interval_ms); after the end of the turn only the
+    # words not yet confirmed are transcribed. Interim and stable transcripts become call
+    # events; each turn's report has stt_after_endpoint and the streaming passes.
+    streaming: bool = False
+    stream_interval_ms: int = Field(default=500, ge=100)
     # Words and phrases callers will say that Whisper may not know: the business's name,
     # staff, services, products, streets, days ("Riverside Dental", "Dr. Patel", "cleaning").
     # Empty: Whisper gets no prompt.

@@ -50,6 +50,9 @@ METRIC_SPANS: dict[str, tuple[str, str]] = {
     # decided (end_of_speech is stamped when the turn-taker decides, model or timeout).
     "eot_delay": ("last_voiced", "end_of_speech"),
     "stt_latency": ("end_of_speech", "transcript"),
+    # The same span under streaming STT's name: what transcription still costs once the
+    # turn has ended (with stt.streaming only the unconfirmed tail is left to transcribe).
+    "stt_after_endpoint": ("end_of_speech", "transcript"),
     "agent_gap": ("transcript", "llm_request"),
     "ttft": ("llm_request", "first_token"),
     "first_sentence_latency": ("llm_request", "first_sentence"),

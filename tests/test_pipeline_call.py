@@ -505,3 +505,33 @@ async def test_wav_files_through_real_stt_make_turns(models, tmp_path):
 
     pcm, rate = read_wav(out, sample_rate=None)
     assert rate == 16000 and np.abs(pcm).max() > 0.05
+
+
+async def test_streaming_stt_on_real_speech_has_stable_words_before_the_turn_ends(models, tmp_path):
+    """stt.streaming with real Whisper on a 5.7 s LJ Speech clip said in real time: words
+    become stable while the reader is still speaking, and after the end of the turn only
+    the tail is transcribed; the transcript is as good as the whole-utterance one."""
+    import jiwer
+
+    from pipeline.io import wav_source
+    from test_voice_stt import words
+
+    clips = {path.name: (path, transcript) for path, transcript in speech_clips()}
+    path, reference = clips["LJ001-0006.wav"]
+    cfg = small_config(tmp_path)
+    cfg = cfg.model_copy(update={"stt": cfg.stt.model_copy(update={"streaming": True, "stream_interval_ms": 700})})
+    events: list[str] = []
+    call = Call.from_models(cfg, models, wav_source([path], gap_s=1.0), PacedSink(), backend=SpyBackend(),
+                            call_id="call-streaming", on_event=lambda kind, data: events.append(kind))
+    report = (await asyncio.wait_for(call.run(), 90)).to_dict()
+
+    assert len(report["turns"]) == 1, [t["user_text"] for t in report["turns"]]
+    turn = report["turns"][0]
+    assert "transcript_stable" in events and events.index("transcript_stable") < events.index("end_of_turn")
+    stream = turn["stt_stream"]
+    assert stream["used"] and stream["passes"] >= 2
+    assert stream["tail_s"] < stream["utterance_s"]
+    assert turn["metrics"]["stt_after_endpoint"] is not None
+    whole = models.stt.transcribe(call.turns[0].end_of_turn.utterance.audio)
+    assert jiwer.wer(words(reference), words(turn["user_text"])) <= jiwer.wer(words(reference), words(whole)) + 0.16, (
+        turn["user_text"], whole)

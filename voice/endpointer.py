@@ -141,6 +141,22 @@ class Endpointer:
         end_t = self._utt_t0 + sum(len(c) for c in self._utt) / SAMPLE_RATE
         return [self._finish(end_t, "flush")]
 
+    def voiced_audio(self, start: int = 0) -> np.ndarray:
+        """While in speech: the utterance's audio from sample `start` up to the last sample
+        its SpeechEnded is sure to keep (the end of the last voiced chunk plus post-roll;
+        that end only moves forward, so what this returns never changes later). Empty when
+        not in speech. A streaming transcriber fed these pieces holds, at the SpeechEnded,
+        a prefix of exactly that event's audio."""
+        if not self.in_speech or not self._utt:
+            return np.zeros(0, np.float32)
+        keep_until = self._last_voiced_t + self.config.post_roll_ms / 1000.0
+        n = min(len(self._utt) * self.chunk, int(round((keep_until - self._utt_t0) * SAMPLE_RATE)))
+        if n <= start:
+            return np.zeros(0, np.float32)
+        first = start // self.chunk  # chunks are all self.chunk samples long
+        audio = np.concatenate(self._utt[first: -(-n // self.chunk)])
+        return audio[start - first * self.chunk: n - first * self.chunk]
+
     # -------------------------------------------------------------- internals
 
     def _step(self, chunk: np.ndarray, t: float) -> list[Event]:

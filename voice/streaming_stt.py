@@ -256,6 +256,10 @@ class StreamingTranscriber:
     def text(self) -> str:
         return self.agreement.text
 
+    def buffered_audio(self) -> np.ndarray:
+        """All the audio of the utterance so far (16 kHz float32)."""
+        return self._buffer()
+
     def _buffer(self) -> np.ndarray:
         if self._chunks:
             self._audio = np.concatenate([self._audio, *self._chunks])

@@ -47,7 +47,8 @@ def _ms(x) -> str:
 
 # eot: end of the caller's voiced speech -> turn end decided (silence wait or Smart Turn);
 # pre: the turn's preemptive generation was kept ("hit"), started but dropped ("miss"), or
-# never started ("-"); see pipeline/stages/preempt.py.
+# never started ("-"); see pipeline/stages/preempt.py. stt: transcription after the end of
+# the turn (stt_after_endpoint; with stt.streaming only the words not yet stable).
 HEADER = (" turn |   eot | pre  |   stt |  ttft | 1st sent |   tts |   v2v | tok/pass | user -> agent\n"
           "------+-------+------+-------+-------+----------+-------+-------+----------+--------------")
 
@@ -67,7 +68,7 @@ def server_row(entry: dict) -> str:
     text = f"{entry['user_text'][:40]!r} -> {(agent or '')[:60]!r}{flag}"
     tpp = llm.get("tokens_per_pass")
     eot = m.get("eot_delay", m.get("endpoint_delay"))
-    return (f" {entry['index']:4d} | {_ms(eot)} | {_preemptive(entry)} | {_ms(m.get('stt_latency'))} | "
+    return (f" {entry['index']:4d} | {_ms(eot)} | {_preemptive(entry)} | {_ms(m.get('stt_after_endpoint', m.get('stt_latency')))} | "
             f"{_ms(m.get('ttft'))} | {_ms(m.get('first_sentence_latency'))}    | {_ms(m.get('tts_first_audio'))} | "
             f"{_ms(m.get('voice_to_voice'))} | {'    -' if tpp is None else f'{tpp:8.2f}'} | {text}")
 

@@ -19,13 +19,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from pipeline.ports import AudioSource
 from pipeline.stages.turn_taking import TurnEnd, TurnTaker
 from voice.audio import STT_RATE
-from voice.endpointer import Endpointer, SpeechStarted
+from voice.endpointer import Endpointer, SpeechEnded, SpeechStarted
 
-__all__ = ["KeyPress", "Keypad", "KeypadEntry", "listen"]
+__all__ = ["KeyPress", "Keypad", "KeypadEntry", "UtteranceTap", "listen"]
 
 END_KEY = "#"  # ends an entry at once, as phone menus have taught callers
 MAX_KEYS = 32  # an entry this long ends: a stuck key or a hostile peer cannot grow one forever
@@ -113,20 +114,35 @@ class Keypad:
             self._timer = None
 
 
-async def listen(source: AudioSource, endpointer: Endpointer,
-                 turns: TurnTaker) -> AsyncIterator[SpeechStarted | TurnEnd | KeyPress]:
+class UtteranceTap(Protocol):
+    """Sees the caller's audio as the endpointer keeps it (pipeline/stages/live_stt.py)."""
+
+    def heard(self, endpointer: Endpointer, t: float) -> None: ...
+
+    def piece_ended(self, ended: SpeechEnded) -> None: ...
+
+
+async def listen(source: AudioSource, endpointer: Endpointer, turns: TurnTaker,
+                 tap: UtteranceTap | None = None) -> AsyncIterator[SpeechStarted | TurnEnd | KeyPress]:
     async for frame in source:
         if isinstance(frame, KeyPress):
             yield frame
             continue
+        end_t = frame.t + len(frame.pcm) / STT_RATE
         for event in endpointer.feed(frame.pcm, frame.t):
+            if tap is not None and isinstance(event, SpeechEnded):
+                tap.piece_ended(event)  # before the turn-taker: a TurnEnd finds the piece whole
             for out in await turns.on_event(event):
                 yield out
-        if (ended := turns.on_time(frame.t + len(frame.pcm) / STT_RATE)) is not None:
+        if tap is not None:
+            tap.heard(endpointer, end_t)
+        if (ended := turns.on_time(end_t)) is not None:
             yield ended
     if source.hangup:
         return
     for event in endpointer.flush():
+        if tap is not None and isinstance(event, SpeechEnded):
+            tap.piece_ended(event)
         for out in await turns.on_event(event):
             yield out
     if (ended := turns.flush()) is not None:

@@ -1,0 +1,157 @@
+"""Streaming STT stage: transcribe the caller's turn while they speak, so that after the
+end of the turn only the words not yet confirmed are left to transcribe.
+
+    listen (each frame) -> LiveTranscript.heard(endpointer, t): the new audio the endpointer
+        is sure to keep joins the turn's StreamingTranscriber (voice/streaming_stt.py); a
+        pass (LocalAgreement-2 over re-transcriptions) runs every `interval_s` in a worker,
+        one at a time -> transcript_interim / transcript_stable events
+    a piece of speech ends (SpeechEnded) -> piece_ended: the rest of its audio joins
+    the turn ends (TurnEnd) -> claim: the turn takes its transcriber, a new one starts for
+        the next turn; the turn's `finish` transcribes the unconfirmed tail only
+
+The transcriber of a turn holds exactly the turn's audio: the pieces the endpointer keeps
+(Endpointer.voiced_audio never returns a sample its SpeechEnded would trim), merged in
+order as the turn-taker merges them. `claim` checks that sample for sample; on any
+difference the turn falls back to transcribing the whole utterance (and says so in its
+report), so a bug here costs time, never words.
+
+Passes stop while the agent answers (`paused`): on two cores a Whisper pass beside
+the LLM would slow the answer the caller is waiting for; the audio is still kept, so the
+turn's finish covers it. A pass never starts while another runs, so a slow machine gets
+fewer passes, not a queue of them. Silence and noise give no words (Whisper's silence
+guards in voice/streaming_stt.WhisperWords), so they start nothing downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.stages.turn_taking import TurnEnd
+from voice.endpointer import Endpointer, SpeechEnded
+from voice.streaming_stt import StreamingTranscriber, TranscriptEvent
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LiveTranscript", "TurnTranscript"]
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+@dataclass
+class TurnTranscript:
+    """One ended turn's streaming transcriber, claimed by that turn."""
+
+    transcriber: StreamingTranscriber | None  # None: its audio did not match (see `mismatch`)
+    executor: Executor | None
+    mismatch: str | None = None  # why the whole utterance must be transcribed instead
+    report: dict[str, Any] = field(default_factory=dict)
+
+    async def finish(self) -> str | None:
+        """The turn's transcript: the stable prefix plus the tail, transcribed now (None when
+        the streamed audio was not the turn's: the caller transcribes the whole utterance)."""
+        if self.transcriber is None:
+            self.report = {"used": False, "why": self.mismatch}
+            return None
+        text = await self.transcriber.finish_async(self.executor)
+        s = self.transcriber.stats
+        self.report = {
+            "used": True, "passes": s.passes, "stream_compute_s": round(s.stream_compute_s, 4),
+            "tail_s": round(s.tail_s, 4), "utterance_s": round(s.utterance_s, 4),
+            "finish_compute_s": round(s.compute_s, 4),
+            "events": [{"kind": e.kind, "text": e.text, "new": e.new, "at": e.at} for e in s.events],
+        }
+        return text
+
+    def drop(self, why: str) -> None:
+        """Not needed (the turn reused another transcript): forget it."""
+        if self.transcriber is not None:
+            self.transcriber.reset()
+        self.report = {"used": False, "why": why}
+
+
+class LiveTranscript:
+    """The call's streaming STT (see the module docstring). Driven from the call's input
+    task: `heard` after every frame, `piece_ended` on each SpeechEnded, `claim` on TurnEnd."""
+
+    def __init__(self, new_transcriber: Callable[[], StreamingTranscriber], *, executor: Executor | None = None,
+                 emit: Callable[..., None] = lambda kind, **data: None, paused: Callable[[], bool] = lambda: False):
+        self.new_transcriber = new_transcriber
+        self.executor, self.emit = executor, emit
+        self.paused = paused  # True while the agent answers: no passes (the audio is still kept)
+        self.transcriber = new_transcriber()
+        self._fed = 0  # samples of the endpointer's current piece already given to the transcriber
+        self._samples = 0  # samples of the turn so far (all its pieces)
+        self._pass: asyncio.Task | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._pass is not None and not self._pass.done()
+
+    def heard(self, endpointer: Endpointer, t: float) -> None:
+        """After a frame: the new audio of the piece in progress, and a pass if one is due."""
+        new = endpointer.voiced_audio(self._fed)
+        if new.size:
+            self.transcriber.append(new)
+            self._fed += new.size
+            self._samples += new.size
+            self._maybe_pass(t)
+
+    def piece_ended(self, ended: SpeechEnded) -> None:
+        """A piece of speech ended: the rest of its audio joins the turn."""
+        rest = ended.audio[self._fed:]
+        if rest.size:
+            self.transcriber.append(rest)
+            self._samples += rest.size
+        self._fed = 0
+
+    def claim(self, end: TurnEnd) -> TurnTranscript:
+        """The turn ended: hand it this transcriber (checked against its audio) and start
+        a new one for the next turn."""
+        transcriber, samples = self.transcriber, self._samples
+        self.transcriber, self._fed, self._samples = self.new_transcriber(), 0, 0
+        audio = end.utterance.audio
+        mismatch = None
+        if samples != len(audio):
+            mismatch = f"streamed {samples} samples, the turn has {len(audio)}"
+        elif not np.array_equal(transcriber.buffered_audio(), audio):
+            mismatch = "streamed audio differs from the turn's"
+        if mismatch is not None:
+            log.warning("streaming STT: %s; transcribing the whole utterance", mismatch)
+            transcriber.reset()
+            return TurnTranscript(None, self.executor, mismatch)
+        return TurnTranscript(transcriber, self.executor)
+
+    def reset(self) -> None:
+        """Drop the turn in progress (the caller hung up)."""
+        self.transcriber.reset()
+        self._fed = self._samples = 0
+
+    async def close(self) -> None:
+        if self._pass is not None:
+            self._pass.cancel()
+            await asyncio.gather(self._pass, return_exceptions=True)
+
+    def _maybe_pass(self, t: float) -> None:
+        if self.busy or self.paused():
+            return
+        self._pass = asyncio.create_task(self._run_pass(self.transcriber, t))
+
+    async def _run_pass(self, transcriber: StreamingTranscriber, t: float) -> None:
+        try:
+            events = await transcriber.feed_async(_EMPTY, t, self.executor)
+        except Exception:  # a failed pass costs only the head start: finish() transcribes all
+            log.exception("streaming STT pass failed")
+            return
+        for e in events:
+            self.emit(_event_kind(e), text=e.text, new=e.new, at=e.at)
+
+
+def _event_kind(event: TranscriptEvent) -> str:
+    return f"transcript_{event.kind}"  # transcript_stable | transcript_interim
