@@ -286,9 +286,10 @@ def answer(engine, prompt: list[int], params, tools: bool = False) -> Answer:
     held back from the caller, as llm/tool_calls.py does on a call) and the call is noted."""
     from demo.bench.llm import FirstSentenceClock
     from llm.tool_calls import ToolCallFilter
+    from pipeline.tools import TOOLS
 
     conv = engine.new_conversation()
-    filt = ToolCallFilter() if tools else None
+    filt = ToolCallFilter(tool_names=frozenset(TOOLS)) if tools else None
     t0 = time.perf_counter()
     clock = FirstSentenceClock(t0)
     text, times = [], []
