@@ -82,7 +82,7 @@ __all__ = ["Call", "History", "ModelSet", "Turn", "voice_executor"]
 # end-of-turn decision, the preemptive generation's start / kept / discarded, and the
 # streaming STT's interim and stable transcripts.
 MQTT_EVENTS = frozenset({"end_of_turn", "preemptive_start", "preemptive_kept", "preemptive_discarded",
-                         "transcript_interim", "transcript_stable"})
+                         "transcript_interim", "transcript_stable", "transcript_pause"})
 
 _voice_pool: ThreadPoolExecutor | None = None
 _voice_pool_lock = threading.Lock()
@@ -192,6 +192,10 @@ class Call:
                 new_transcriber = lambda: StreamingTranscriber(stt, interval_s=interval_s)  # noqa: E731
             self.live = LiveTranscript(new_transcriber, executor=self.executor, emit=self._emit,
                                        paused=lambda: self._responding is not None)
+            if self.turn_taker.model is not None:
+                # Each pause is transcribed beside Smart Turn: a "complete" ending on a dangling
+                # word waits, and a turn ending there already has its transcript.
+                self.turn_taker.transcribe_pause = self.live.transcribe_pause
 
     @classmethod
     def from_models(
@@ -405,10 +409,15 @@ class Call:
         # The same audio was transcribed while the caller paused: the same greedy Whisper
         # output, so it is reused (None: no preemption, or its STT failed).
         text = await preemptor.transcript(claim) if preemptor is not None else None
+        # Made at the turn's last pause from the streamed audio, which is this turn's audio
+        # (a preemption started at that pause used the same one).
+        pause_text = await asyncio.shield(end.transcript) if end.transcript is not None else None
+        text = text if text is not None else pause_text
         live = self._live_claims.pop(id(end), None)
         if live is not None:
             if text is not None:
-                live.drop("preemptive transcript reused")
+                used = pause_text is not None and text.strip() == pause_text.strip()
+                live.drop("transcribed at the last pause" if used else "preemptive transcript", used=used)
             else:
                 # Streamed while the caller spoke: only the unconfirmed tail is left.
                 try:

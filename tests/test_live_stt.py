@@ -200,3 +200,52 @@ async def test_the_html_report_shows_the_streamed_transcripts(tmp_path):
     html = render_html(report)
     assert 'data-field="stt_passes"' in html and 'data-field="stt_after_endpoint"' in html
     assert html.count('<li data-kind="stable">') == sum(1 for e in events if e["kind"] == "stable") >= 1
+
+
+class ByLength:
+    """A recognizer whose words depend on how much audio it hears (the caller says more)."""
+
+    def __init__(self, *texts: tuple[float, str]):
+        self.texts = texts  # (up to seconds, text), ascending
+        self.calls: list[float] = []
+
+    def words(self, audio, prompt=None):
+        from test_streaming_stt import hyp
+
+        seconds = audio.size / RATE
+        self.calls.append(seconds)
+        return hyp(next(text for upto, text in self.texts if seconds <= upto))
+
+
+def smart_streaming_config():
+    cfg = streaming_config()
+    return cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"mode": "smart_turn", "preemptive": False})})
+
+
+async def test_with_smart_turn_a_pause_ending_on_a_dangling_word_waits_and_the_turn_reuses_the_pause_transcript(
+        tmp_path):
+    """Smart Turn calls both pauses complete; the first one's transcript ends on "for the",
+    so the turn waits, and the caller's next words join the same turn. That turn ends at the
+    second pause, whose transcript it uses: no STT after the end."""
+    recognizer = ByLength((1.6, "I would like to book a cleaning for the"), (60.0, "I would like to book a cleaning for the Friday slot."))
+    stt = ScriptedSTT("whole utterance")
+    events: list[tuple[str, dict]] = []
+    source, sink = PushSource(realtime=False, tail_s=2.0), PacedSink()
+    endpointer = Endpointer(EnergyVAD(), EndpointConfig(min_speech_ms=64, min_silence_ms=200, pre_roll_ms=64,
+                                                        post_roll_ms=32))
+    turns = TurnTaker(Probability(0.95), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0)
+    call = Call(smart_streaming_config(), source, sink, stt=stt, tts=FakeModels().tts,
+                backend=ScriptedBackend(["Friday it is."]), endpointer=endpointer, turns=turns, mqtt=None,
+                report_dir=tmp_path, on_event=lambda kind, data: events.append((kind, data)),
+                new_transcriber=lambda: StreamingTranscriber(recognizer=recognizer, interval_s=30.0))
+    source.push(np.concatenate([tone(1.2), silence(0.6), tone(0.8)]))
+    source.close()
+    report = (await call.run()).to_dict()
+
+    assert len(report["turns"]) == 1  # not cut in two at "for the"
+    turn = report["turns"][0]
+    assert turn["user_text"] == "I would like to book a cleaning for the Friday slot."
+    assert turn["end_of_turn"]["reason"] == "model" and turn["end_of_turn"]["pauses"] == 2
+    assert turns.decisions == [("wait", 0.95), ("end", 0.95)]
+    assert stt.calls == 0 and turn["stt_stream"]["used"] and turn["stt_stream"]["final"] == "pause"
+    assert [k for k, _ in events].count("transcript_pause") == 2

@@ -565,7 +565,15 @@ async def test_a_barge_in_stops_a_kept_preemptive_generation(tmp_path):
         await sinks[0].playing.wait()
 
     log: list = []
-    steps = [silence(0.3), tone(1.0), silence(0.4), silence(1.6), agent_speaking, tone(0.5), silence(0.3)]
+    async def first_turn_over() -> None:
+        # The interrupted turn has ended before the caller's next pause: a preemption starts
+        # only while no turn runs (this source runs faster than real time).
+        await call.wait_turns(1)
+        while call._turn_task is not None:
+            await asyncio.sleep(0)
+
+    steps = [silence(0.3), tone(1.0), silence(0.4), silence(1.6), agent_speaking, tone(0.5), first_turn_over,
+             silence(0.3)]
     call, _, sink = make_call(config(tmp_path), steps, backend, ScriptedSTT(seconds_stt), LengthModel(2.0), log)
     sinks.append(sink)
     call.on_event = lambda kind, data: (log.append((kind, data)), kind == "barge_in" and backend.proceed.set())
@@ -615,7 +623,11 @@ async def test_a_keypad_turn_during_a_pause_discards_the_preemption_and_never_sh
         await spy.reached.wait()
 
     log: list = []
-    steps = [silence(0.3), tone(1.0), silence(0.4), generating, KeyPress("1", 0.0), KeyPress("#", 0.0), silence(1.6)]
+    # The caller stays quiet until the keypad turn has answered (its make_way stopped the
+    # preemption): this source runs faster than real time, and the voice turn's end by
+    # silence must not overtake the keypad turn's start.
+    steps = [silence(0.3), tone(1.0), silence(0.4), generating, KeyPress("1", 0.0), KeyPress("#", 0.0),
+             lambda: spy.wait_finished(2), silence(1.6)]
     call, _, _ = make_call(config(tmp_path), steps, spy, ScriptedSTT(seconds_stt), LengthModel(None), log)
     await asyncio.wait_for(call.run(), 60)
     keypad, voice = call.turns

@@ -159,6 +159,10 @@ def test_long_audio_uses_the_last_8_s(detector, speak):
     ("So, um.", "um"),
     ("Can I book a cleaning for next Tuesday?", None),
     ("What are you looking for?", None),
+    ("I would like to book a cleaning for", "for"),
+    ("Could you tell me if Dr. Patel is free on.", "on"),
+    ("I need to move my cleaning to...", "to"),
+    ("Which dentist should I ask for?", None),
     ("", None),
     ("  ...  ", None),
 ])

@@ -164,3 +164,52 @@ async def test_a_mid_sentence_pause_is_one_turn_with_the_model_and_two_without(t
     assert entry["end_of_turn"] == {"reason": "model", "probability": 0.95, "pauses": 2}
     # endpoint_delay is last voiced audio -> end of turn declared: the pause check, not 0.7 s.
     assert entry["metrics"]["endpoint_delay"] < 0.5
+
+
+class PauseTranscripts:
+    """`transcribe_pause` from a script: one transcript per pause; records the audio it saw."""
+
+    def __init__(self, *texts: str | None):
+        self.texts = list(texts)
+        self.heard: list[float] = []
+
+    async def __call__(self, audio: np.ndarray) -> str | None:
+        self.heard.append(len(audio) / RATE)
+        return self.texts.pop(0)
+
+
+async def test_a_complete_pause_ending_on_a_dangling_word_waits_and_keeps_its_transcript():
+    transcripts = PauseTranscripts("I would like to book a cleaning for the", "I would like to book a cleaning for the Friday.")
+    t = TurnTaker(ScriptedModel([0.95, 0.95]), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                  transcribe_pause=transcripts)
+    assert await t.on_event(pause(0.0, 2.0)) == []  # "complete", but "... for": wait
+    assert t.decisions == [("wait", 0.95)]
+    assert t.on_time(2.0 + 1.0) is None  # the wait is not undone by the next frame
+    await t.on_event(SpeechStarted(3.0, 3.2))
+    (end,) = await t.on_event(pause(3.0, 3.6))
+    assert end.reason == "model" and end.pauses == 2
+    assert await end.transcript == "I would like to book a cleaning for the Friday."  # of the whole turn
+    assert transcripts.heard == pytest.approx([2.0, 2.0 + 0.6])  # the turn so far, at each pause
+
+
+async def test_a_pause_transcript_reaches_the_turn_that_times_out_on_it_but_not_a_cut_one():
+    t = TurnTaker(ScriptedModel([0.2]), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                  transcribe_pause=PauseTranscripts("So the cleaning, and"))
+    assert await t.on_event(pause(0.0, 1.0)) == []
+    end = t.on_time(2.5)
+    assert end.reason == "timeout" and await end.transcript == "So the cleaning, and"
+    t = TurnTaker(ScriptedModel([0.2]), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                  transcribe_pause=PauseTranscripts("Hello"))
+    assert await t.on_event(pause(0.0, 1.0)) == []
+    (end,) = await t.on_event(pause(1.2, 21.0, 0.0, reason="max_length"))  # a piece the pause never heard
+    assert end.reason == "max_length" and end.transcript is None
+
+
+async def test_a_failed_pause_transcript_is_no_transcript():
+    async def broken(audio):
+        raise RuntimeError("whisper fell over")
+
+    t = TurnTaker(ScriptedModel([0.9]), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                  transcribe_pause=broken)
+    (end,) = await t.on_event(pause(0.0, 1.0, 0.3))
+    assert end.reason == "model" and await end.transcript is None

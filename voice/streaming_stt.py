@@ -30,6 +30,7 @@ Differences from ufal's HypothesisBuffer, on purpose:
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 import time
 from concurrent.futures import Executor
@@ -256,6 +257,11 @@ class StreamingTranscriber:
     def text(self) -> str:
         return self.agreement.text
 
+    def snapshot(self) -> FinishStats:
+        """The utterance's streaming so far (passes, their compute, events), not finishing it."""
+        return FinishStats(utterance_s=self.audio_s, passes=self._passes, stream_compute_s=self._compute_s,
+                           events=list(self._events))
+
     def buffered_audio(self) -> np.ndarray:
         """All the audio of the utterance so far (16 kHz float32)."""
         return self._buffer()
@@ -338,19 +344,24 @@ class StreamingTranscriber:
         return self._finish(self._buffer())
 
     def _finish(self, audio: np.ndarray) -> str:
-        cut_s = self.agreement.last_end - self.finish_overlap_s if self.agreement.committed else 0.0
-        cut = min(audio.size, max(self._buffer_start, int(round(cut_s * STT_RATE))))
-        started = time.perf_counter()
-        words = self.recognizer.words(audio[cut:], self._prompt_before(cut / STT_RATE))
-        compute = time.perf_counter() - started
-        offset = cut / STT_RATE
-        self.agreement.finish([Word(w.start + offset, w.end + offset, w.text) for w in words])
-        text = self.agreement.stable_text
-        self.stats = FinishStats(tail_s=(audio.size - cut) / STT_RATE, compute_s=compute,
-                                 utterance_s=audio.size / STT_RATE, passes=self._passes,
-                                 stream_compute_s=self._compute_s, events=self._events)
+        text, tail_s, compute = self._transcribe_tail(self.agreement, audio, self._buffer_start)
+        self.stats = FinishStats(tail_s=tail_s, compute_s=compute, utterance_s=audio.size / STT_RATE,
+                                 passes=self._passes, stream_compute_s=self._compute_s, events=self._events)
         self.reset()
         return text
+
+    def _transcribe_tail(self, agreement: LocalAgreement, audio: np.ndarray,
+                         buffer_start: int) -> tuple[str, float, float]:
+        """Finish `agreement` (mutated) on `audio`: (text, seconds of tail transcribed, compute s)."""
+        cut_s = agreement.last_end - self.finish_overlap_s if agreement.committed else 0.0
+        cut = min(audio.size, max(buffer_start, int(round(cut_s * STT_RATE))))
+        started = time.perf_counter()
+        prompt = join_words([w for w in agreement.committed if w.end <= cut / STT_RATE]) or None
+        words = self.recognizer.words(audio[cut:], prompt)
+        compute = time.perf_counter() - started
+        offset = cut / STT_RATE
+        agreement.finish([Word(w.start + offset, w.end + offset, w.text) for w in words])
+        return agreement.stable_text, (audio.size - cut) / STT_RATE, compute
 
     # -------------------------------------------------------------- async
 
@@ -370,6 +381,17 @@ class StreamingTranscriber:
         # Shielded: a cancelled caller leaves the pass to finish in its thread, still marked
         # in flight, rather than a second pass starting beside it.
         return await asyncio.shield(self._inflight)
+
+    async def peek_async(self, executor: Executor | None = None) -> tuple[str, float, float]:
+        """What `finish` would return now, without finishing: the utterance goes on (a pause
+        that may or may not end the turn). Returns (text, tail seconds, compute seconds). Waits
+        for a running pass; later passes do not touch the copy it works on."""
+        if self._inflight is not None:
+            await asyncio.wait([self._inflight])
+        # Copied on the loop, where passes are started: none can change it from here on.
+        agreement, audio = copy.deepcopy(self.agreement), self._buffer()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self._transcribe_tail, agreement, audio, self._buffer_start)
 
     async def finish_async(self, executor: Executor | None = None) -> str:
         """`finish` in `executor`, after any pass still running."""

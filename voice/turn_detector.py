@@ -162,10 +162,15 @@ class TurnDetector:
 
 
 # Words an English turn almost never ends on: articles, conjunctions, possessives, fillers.
-# Prepositions are left out on purpose ("What are you looking for?" is complete).
 DANGLING_WORDS = frozenset(
     "a an the and but or nor so because if than that my your our their his her its um uh er erm".split()
 )
+# Words a caller's sentence breaks after when they stop to think ("book a cleaning for ...",
+# "is Dr. Patel free on ...", "I would like ..."), where Smart Turn hears a TTS voice's falling
+# pitch as finished. A question can end on one too ("What are you looking for?"): Whisper
+# writes its question mark, so these count only without one. A wrong "dangling" costs a
+# wait up to the silence timeout; a wrong "complete" answers half a sentence.
+OPEN_WORDS = frozenset("for on to at with from of in into about like".split())
 
 
 def dangling_word(transcript: str) -> str | None:
@@ -173,11 +178,17 @@ def dangling_word(transcript: str) -> str | None:
 
     Smart Turn hears prosody; a speaker (or a TTS voice) with a flat, falling delivery can
     stop on "for the" and still sound finished to it (~0.97 on Piper). The transcript knows
-    better: the call should not end a turn whose stable text ends on such a word until the
-    longer silence timeout. Whisper often adds a final "." to fragments, so punctuation is ignored.
+    better: the call should not end a turn whose text ends on such a word until the longer
+    silence timeout. Whisper often adds a final "." to fragments, so a full stop is ignored;
+    a question mark after a preposition ("... looking for?") means the question is whole.
     """
     words = "".join(c if c.isalpha() or c in "' " else " " for c in transcript.lower()).split()
-    return words[-1] if words and words[-1] in DANGLING_WORDS else None
+    if not words:
+        return None
+    last = words[-1]
+    if last in DANGLING_WORDS or (last in OPEN_WORDS and not transcript.rstrip().endswith("?")):
+        return last
+    return None
 
 
 # ---------------------------------------------------------------- the end-of-turn rule

@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline.stages.turn_taking import TurnEnd
 from voice.endpointer import Endpointer, SpeechEnded
-from voice.streaming_stt import StreamingTranscriber, TranscriptEvent
+from voice.streaming_stt import FinishStats, StreamingTranscriber, TranscriptEvent
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +61,24 @@ class TurnTranscript:
             return None
         text = await self.transcriber.finish_async(self.executor)
         s = self.transcriber.stats
-        self.report = {
-            "used": True, "passes": s.passes, "stream_compute_s": round(s.stream_compute_s, 4),
-            "tail_s": round(s.tail_s, 4), "utterance_s": round(s.utterance_s, 4),
-            "finish_compute_s": round(s.compute_s, 4),
-            "events": [{"kind": e.kind, "text": e.text, "new": e.new, "at": e.at} for e in s.events],
-        }
+        self.report = {"used": True, "final": "after_end", **_stats(s), "tail_s": round(s.tail_s, 4),
+                       "finish_compute_s": round(s.compute_s, 4)}
         return text
 
-    def drop(self, why: str) -> None:
-        """Not needed (the turn reused another transcript): forget it."""
-        if self.transcriber is not None:
-            self.transcriber.reset()
-        self.report = {"used": False, "why": why}
+    def drop(self, why: str, used: bool = False) -> None:
+        """Not finished here: the turn got its transcript elsewhere (`used`: from this
+        stream at the last pause, TurnEnd.transcript; else from a whole-utterance STT)."""
+        if self.transcriber is None:
+            self.report = {"used": False, "why": self.mismatch}
+            return
+        stats = self.transcriber.snapshot()
+        self.transcriber.reset()
+        self.report = {"used": used, **({"final": "pause"} if used else {}), "why": why, **_stats(stats)}
+
+
+def _stats(s: FinishStats) -> dict[str, Any]:
+    return {"passes": s.passes, "stream_compute_s": round(s.stream_compute_s, 4), "utterance_s": round(s.utterance_s, 4),
+            "events": [{"kind": e.kind, "text": e.text, "new": e.new, "at": e.at} for e in s.events]}
 
 
 class LiveTranscript:
@@ -127,6 +132,19 @@ class LiveTranscript:
             transcriber.reset()
             return TurnTranscript(None, self.executor, mismatch)
         return TurnTranscript(transcriber, self.executor)
+
+    async def transcribe_pause(self, audio: np.ndarray) -> str | None:
+        """At a pause: the transcript the turn would have if it ended now on `audio` (the
+        turn's audio so far), without ending the stream: the stable words plus the tail,
+        transcribed now (TurnTaker asks this beside the end-of-turn model). None when the
+        streamed audio is not `audio` (the caller then transcribes as usual)."""
+        transcriber = self.transcriber
+        if self._samples != len(audio) or not np.array_equal(transcriber.buffered_audio(), audio):
+            log.warning("streaming STT: the pause's audio is not the streamed audio; no pause transcript")
+            return None
+        text, tail_s, compute_s = await transcriber.peek_async(self.executor)
+        self.emit("transcript_pause", text=text, tail_s=round(tail_s, 4), compute_s=round(compute_s, 4))
+        return text
 
     def reset(self) -> None:
         """Drop the turn in progress (the caller hung up)."""

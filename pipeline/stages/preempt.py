@@ -261,7 +261,11 @@ class Preemptor:
             if p.stop.is_set():
                 return
             try:
-                text = await loop.run_in_executor(self.executor, self.stt.transcribe, p.pause.audio)
+                # Streaming STT transcribed this pause already (TurnPending.transcript): reuse
+                # it, the same text the turn would get; else Whisper on the whole audio.
+                text = await asyncio.shield(p.pause.transcript) if p.pause.transcript is not None else None
+                if text is None:
+                    text = await loop.run_in_executor(self.executor, self.stt.transcribe, p.pause.audio)
             except Exception:
                 log.exception("preemptive STT failed")
                 return

@@ -16,6 +16,11 @@ With `announce_pauses` (set by a call that answers preemptively, pipeline/stages
 a pause that leaves the turn waiting is announced as a `TurnPending` carrying the turn's
 audio so far; its TurnEnd, if the caller says nothing more, carries exactly that audio.
 
+With `transcribe_pause` (streaming STT, pipeline/stages/live_stt.py) each pause is also
+transcribed, beside the model: a "complete" whose words end on one that cannot end a
+sentence ("... for the", voice.turn_detector.dangling_word) waits like an "incomplete",
+and a turn that ends on that pause's audio carries its transcript (no STT after the end).
+
 A caller who pauses mid-sentence ("I would like to book a cleaning for ... next Tuesday")
 stays in one turn instead of being answered twice. Each turn carries how it ended (reason,
 probability) for the report.
@@ -24,16 +29,19 @@ probability) for the report.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from voice.endpointer import SpeechEnded, SpeechStarted
 from voice.turn_detector import TurnPolicy
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EndOfTurnModel", "TurnEnd", "TurnPending", "TurnTaker"]
 
@@ -50,6 +58,9 @@ class TurnEnd:
     reason: str  # "silence" (no model) | "model" | "timeout" | "max_length" | "flush"
     probability: float | None = None  # the end-of-turn model's last answer, if asked
     pauses: int = 1  # pauses merged into this turn
+    # The transcript of exactly this audio, made at its last pause (`transcribe_pause`): the
+    # turn awaits it instead of transcribing (a task giving None: transcribe as usual).
+    transcript: asyncio.Future | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class TurnPending:
     last_voiced_t: float
     declared_t: float  # when the pause was decided to be no end (after the model answered)
     probability: float | None
+    transcript: asyncio.Future | None = field(default=None, compare=False)  # as TurnEnd's
 
 
 class TurnTaker:
@@ -71,10 +83,16 @@ class TurnTaker:
 
     def __init__(self, model: EndOfTurnModel | None, policy: TurnPolicy, *, max_turn_s: float = 30.0,
                  executor: Executor | None = None, clock: Callable[[], float] = time.monotonic,
-                 announce_pauses: bool = False):
+                 announce_pauses: bool = False,
+                 transcribe_pause: Callable[[np.ndarray], Awaitable[str | None]] | None = None):
         self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
         self.executor, self.clock = executor, clock
         self.announce_pauses = announce_pauses  # a waiting pause yields a TurnPending
+        # Streaming STT's transcript of the turn so far (pipeline/stages/live_stt.py), asked
+        # at each pause beside the model: a "complete" that ends on a dangling word waits,
+        # and a turn that ends there already has its transcript.
+        self.transcribe_pause = transcribe_pause
+        self._transcript: asyncio.Future | None = None  # of the pending audio, from its last pause
         self._pending: list[SpeechEnded] = []
         self._probability: float | None = None
         self._speaking = False  # the caller is speaking again after a pause
@@ -88,6 +106,7 @@ class TurnTaker:
         if isinstance(event, SpeechStarted):
             self._speaking = True
             self._probability = None  # the caller went on: the next pause asks anew
+            self._transcript = None  # ... and its transcript is of other audio
             return [event]
         self._speaking = False
         if self.model is None:
@@ -97,18 +116,25 @@ class TurnTaker:
             return [self._end(event.declared_t, "max_length" if event.reason != "flush" else "flush")]
         loop = asyncio.get_running_loop()
         audio = np.concatenate([e.audio for e in self._pending])
+        if self.transcribe_pause is not None:  # runs beside the model (two cores)
+            self._transcript = asyncio.ensure_future(_or_none(self.transcribe_pause(audio)))
         self._probability = await loop.run_in_executor(self.executor, self.model.probability, audio)
         # The decision is made now, after the model answered (on a real-time source the
         # frame clock is the monotonic clock; a faster-than-real-time one runs ahead of it).
         now = max(event.declared_t, self.clock())
         decision = self.policy.decide(now - event.last_voiced_t, self._probability)
+        if decision.action == "end" and decision.reason == "model" and self._transcript is not None:
+            # "Complete": unless the words end on one that cannot end a sentence ("for the").
+            transcript = await self._transcript
+            now = max(now, self.clock())
+            decision = self.policy.decide(now - event.last_voiced_t, self._probability, transcript)
         self.decisions.append((decision.action, self._probability))
         if decision.action == "end":
             return [self._end(now, decision.reason)]
         if self.announce_pauses:
             first = self._pending[0]
             return [TurnPending(audio, len(self._pending), first.start_t, event.last_voiced_t, now,
-                                self._probability)]
+                                self._probability, self._transcript)]
         return []
 
     def on_time(self, now: float) -> TurnEnd | None:
@@ -116,7 +142,9 @@ class TurnTaker:
         if not self._pending or self._speaking:
             return None
         silence = now - self._pending[-1].last_voiced_t
-        if self.policy.decide(silence, self._probability).action == "end":
+        t = self._transcript
+        transcript = t.result() if t is not None and t.done() and not t.cancelled() else None
+        if self.policy.decide(silence, self._probability, transcript).action == "end":
             return self._end(now, "timeout")
         return None
 
@@ -135,4 +163,18 @@ class TurnTaker:
         merged = SpeechEnded(np.concatenate([p.audio for p in pieces]), first.start_t, last.last_voiced_t,
                              declared_t, reason, first.audio_start_t)
         probability, self._probability = self._probability, None
-        return TurnEnd(merged, reason, probability, len(pieces))
+        # The last pause's transcript is of this very audio unless a piece came after it
+        # (max_length / flush end on a new piece: the pause saw none of it).
+        transcript, self._transcript = self._transcript, None
+        if reason in ("max_length", "flush") and transcript is not None:
+            transcript = None
+        return TurnEnd(merged, reason, probability, len(pieces), transcript)
+
+
+async def _or_none(transcript: Awaitable[str | None]) -> str | None:
+    """A pause transcript that failed is no transcript: the turn transcribes as usual."""
+    try:
+        return await transcript
+    except Exception:
+        log.exception("pause transcript failed")
+        return None
