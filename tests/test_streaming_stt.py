@@ -295,3 +295,17 @@ def test_a_long_utterance_restarts_the_buffer_at_the_last_committed_word():
     # is dropped as a repeat and "e f" is confirmed.
     assert [(round(s, 1), p) for s, p in rec.calls] == [(0.6, None), (1.1, None), (0.7, "a b c"), (0.9, "a b c d")]
     assert stream.stable_text == "a b c d e f"
+
+
+async def test_a_pass_on_all_the_audio_is_the_final_transcript_without_another_run():
+    recognizer = Scripted("one two", "one two three", tail="never asked")
+    stream = StreamingTranscriber(recognizer=recognizer, interval_s=0.5)
+    for pcm, t in chunks(1.0):
+        await stream.feed_async(pcm, t)
+    assert len(recognizer.calls) == 1 and not stream.heard_all  # audio came after that pass
+    await stream.pass_now_async(1.0)  # the caller fell silent: a pass on all of it
+    assert stream.heard_all and len(recognizer.calls) == 2
+    assert await stream.pass_now_async(1.1) == []  # nothing new to hear: no pass
+    assert await stream.peek_async() == ("one two three", 0.0, 0.0)
+    assert await stream.finish_async() == "one two three"
+    assert len(recognizer.calls) == 2 and stream.stats.tail_s == 0.0

@@ -141,6 +141,11 @@ class Endpointer:
         end_t = self._utt_t0 + sum(len(c) for c in self._utt) / SAMPLE_RATE
         return [self._finish(end_t, "flush")]
 
+    @property
+    def trailing_silence_s(self) -> float:
+        """In speech: seconds of silence since the last voiced chunk (0 while voiced)."""
+        return self._silence if self.in_speech else 0.0
+
     def voiced_audio(self, start: int = 0) -> np.ndarray:
         """While in speech: the utterance's audio from sample `start` up to the last sample
         its SpeechEnded is sure to keep (the end of the last voiced chunk plus post-roll;

@@ -240,6 +240,7 @@ class StreamingTranscriber:
         self._first_at: float | None = None
         self._last_interim = ""
         self._passes = 0
+        self._covered = 0  # samples of the buffer the last finished pass heard (all from the start)
         self._compute_s = 0.0
         self._events: list[TranscriptEvent] = []
 
@@ -261,6 +262,16 @@ class StreamingTranscriber:
         """The utterance's streaming so far (passes, their compute, events), not finishing it."""
         return FinishStats(utterance_s=self.audio_s, passes=self._passes, stream_compute_s=self._compute_s,
                            events=list(self._events))
+
+    @property
+    def samples(self) -> int:
+        return self._audio.size + sum(c.size for c in self._chunks)
+
+    @property
+    def heard_all(self) -> bool:
+        """The last finished pass heard every sample buffered: its hypothesis (stable words +
+        tail) is the transcript of all of it, with no Whisper run left to do."""
+        return self._passes > 0 and self._covered == self.samples
 
     def buffered_audio(self) -> np.ndarray:
         """All the audio of the utterance so far (16 kHz float32)."""
@@ -313,6 +324,7 @@ class StreamingTranscriber:
             return []  # reset while this pass ran: its utterance is gone
         self._compute_s += time.perf_counter() - started
         self._passes += 1
+        self._covered = audio.size
         self._last_pass_at = now
         hypothesis = [Word(w.start + offset, w.end + offset, w.text) for w in words]
         committed = self.agreement.insert(hypothesis)
@@ -344,7 +356,11 @@ class StreamingTranscriber:
         return self._finish(self._buffer())
 
     def _finish(self, audio: np.ndarray) -> str:
-        text, tail_s, compute = self._transcribe_tail(self.agreement, audio, self._buffer_start)
+        if self.heard_all:  # the last pass heard it all: its tail is the rest (no Whisper run)
+            self.agreement.finish(list(self.agreement.tail))
+            text, tail_s, compute = self.agreement.stable_text, 0.0, 0.0
+        else:
+            text, tail_s, compute = self._transcribe_tail(self.agreement, audio, self._buffer_start)
         self.stats = FinishStats(tail_s=tail_s, compute_s=compute, utterance_s=audio.size / STT_RATE,
                                  passes=self._passes, stream_compute_s=self._compute_s, events=self._events)
         self.reset()
@@ -382,12 +398,24 @@ class StreamingTranscriber:
         # in flight, rather than a second pass starting beside it.
         return await asyncio.shield(self._inflight)
 
+    async def pass_now_async(self, t: float, executor: Executor | None = None) -> list[TranscriptEvent]:
+        """A pass now, whatever the interval: the caller fell silent, and a pass on all the
+        audio so far makes the end of the turn need no Whisper run (`heard_all`). Nothing when
+        a pass runs or the last one heard everything."""
+        if (self._inflight is not None and not self._inflight.done()) or self.heard_all or not self.samples:
+            return []
+        loop = asyncio.get_running_loop()
+        self._inflight = loop.run_in_executor(executor, self._pass, self._buffer(), float(t), self._generation)
+        return await asyncio.shield(self._inflight)
+
     async def peek_async(self, executor: Executor | None = None) -> tuple[str, float, float]:
         """What `finish` would return now, without finishing: the utterance goes on (a pause
         that may or may not end the turn). Returns (text, tail seconds, compute seconds). Waits
         for a running pass; later passes do not touch the copy it works on."""
         if self._inflight is not None:
             await asyncio.wait([self._inflight])
+        if self.heard_all:
+            return self.agreement.text, 0.0, 0.0
         # Copied on the loop, where passes are started: none can change it from here on.
         agreement, audio = copy.deepcopy(self.agreement), self._buffer()
         loop = asyncio.get_running_loop()

@@ -6,8 +6,11 @@ end of the turn only the words not yet confirmed are left to transcribe.
         pass (LocalAgreement-2 over re-transcriptions) runs every `interval_s` in a worker,
         one at a time -> transcript_interim / transcript_stable events
     a piece of speech ends (SpeechEnded) -> piece_ended: the rest of its audio joins
+    the caller falls silent (no new audio while still in speech) -> a pass on all of it at
+        once, whatever the interval: if the turn ends there, that pass is its transcript
     the turn ends (TurnEnd) -> claim: the turn takes its transcriber, a new one starts for
-        the next turn; the turn's `finish` transcribes the unconfirmed tail only
+        the next turn; the turn's `finish` uses the last pass if it heard everything, else
+        transcribes the unconfirmed tail only
 
 The transcriber of a turn holds exactly the turn's audio: the pieces the endpointer keeps
 (Endpointer.voiced_audio never returns a sample its SpeechEnded would trim), merged in
@@ -107,6 +110,11 @@ class LiveTranscript:
             self._fed += new.size
             self._samples += new.size
             self._maybe_pass(t)
+        elif endpointer.trailing_silence_s * 1000 >= endpointer.config.post_roll_ms:
+            # The caller fell silent: all the voiced audio is in (it ends post-roll after the
+            # last voiced chunk). Guess the turn is over: a pass on all of it now is then the
+            # final transcript, ready when the end is declared.
+            self._maybe_pass(t, now=True)
 
     def piece_ended(self, ended: SpeechEnded) -> None:
         """A piece of speech ended: the rest of its audio joins the turn."""
@@ -115,6 +123,7 @@ class LiveTranscript:
             self.transcriber.append(rest)
             self._samples += rest.size
         self._fed = 0
+        self._maybe_pass(ended.declared_t, now=True)
 
     def claim(self, end: TurnEnd) -> TurnTranscript:
         """The turn ended: hand it this transcriber (checked against its audio) and start
@@ -156,14 +165,17 @@ class LiveTranscript:
             self._pass.cancel()
             await asyncio.gather(self._pass, return_exceptions=True)
 
-    def _maybe_pass(self, t: float) -> None:
-        if self.busy or self.paused():
+    def _maybe_pass(self, t: float, now: bool = False) -> None:
+        if self.busy or (now and (self.transcriber.heard_all or not self.transcriber.samples)) or self.paused():
             return
-        self._pass = asyncio.create_task(self._run_pass(self.transcriber, t))
+        self._pass = asyncio.create_task(self._run_pass(self.transcriber, t, now))
 
-    async def _run_pass(self, transcriber: StreamingTranscriber, t: float) -> None:
+    async def _run_pass(self, transcriber: StreamingTranscriber, t: float, now: bool) -> None:
         try:
-            events = await transcriber.feed_async(_EMPTY, t, self.executor)
+            if now:
+                events = await transcriber.pass_now_async(t, self.executor)
+            else:
+                events = await transcriber.feed_async(_EMPTY, t, self.executor)
         except Exception:  # a failed pass costs only the head start: finish() transcribes all
             log.exception("streaming STT pass failed")
             return
