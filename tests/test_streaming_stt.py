@@ -309,3 +309,38 @@ async def test_a_pass_on_all_the_audio_is_the_final_transcript_without_another_r
     assert await stream.peek_async() == ("one two three", 0.0, 0.0)
     assert await stream.finish_async() == "one two three"
     assert len(recognizer.calls) == 2 and stream.stats.tail_s == 0.0
+
+
+async def test_the_silence_pass_runs_beside_a_slow_interval_pass_which_then_counts_for_nothing():
+    import asyncio
+    import threading
+
+    release = threading.Event()
+
+    class FirstBlocks(Scripted):
+        def words(self, audio, prompt=None):
+            if not self.calls:  # the interval pass: held until the silence pass is done
+                self.calls.append((audio.size / STT_RATE, prompt))
+                release.wait(30)
+                return hyp("one")
+            return super().words(audio, prompt)
+
+    recognizer = FirstBlocks("placeholder", "one two three")
+    stream = StreamingTranscriber(recognizer=recognizer, interval_s=0.5)
+    chunk = list(chunks(1.0))
+    for pcm, t in chunk[:5]:
+        assert await stream.feed_async(pcm, t) == []  # not due yet
+    interval = asyncio.ensure_future(stream.feed_async(*chunk[5]))  # due: the interval pass
+    for _ in range(3000):
+        if recognizer.calls:
+            break
+        await asyncio.sleep(0.01)  # the interval pass is running (and blocked)
+    assert recognizer.calls
+    for pcm, t in chunk[6:]:
+        stream.append(pcm)
+    await stream.pass_now_async(1.0)  # not queued behind the blocked pass
+    assert stream.heard_all and stream.text == "one two three"
+    release.set()
+    assert await interval == []  # it heard less and finished later: stale, not committed
+    assert stream.heard_all and stream.text == "one two three" and stream.snapshot().passes == 1
+    assert await stream.finish_async() == "one two three"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
+import threading
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -231,7 +232,10 @@ class StreamingTranscriber:
     def reset(self) -> None:
         """Drop the utterance in progress (a pass still running in a worker is ignored)."""
         self._generation = getattr(self, "_generation", 0) + 1
-        self._inflight: asyncio.Future | None = None
+        self._lock = threading.Lock()  # a pass's commit vs another pass's (two may run: pass_now_async)
+        self._inflight: asyncio.Future | None = None  # the running interval pass
+        self._now: asyncio.Future | None = None  # the running pass_now_async pass
+        self._now_samples = 0  # the samples that one hears
         self.agreement = LocalAgreement()
         self._chunks: list[np.ndarray] = []
         self._audio = np.zeros(0, np.float32)
@@ -314,17 +318,26 @@ class StreamingTranscriber:
         return join_words([w for w in self.agreement.committed if w.end <= start_s]) or None
 
     def _pass(self, audio: np.ndarray, now: float, generation: int) -> list[TranscriptEvent]:
-        if audio.size - self._buffer_start > self.max_buffer_s * STT_RATE and self.agreement.committed:
-            # Keep Whisper's input short: restart the buffer at the last committed word.
-            self._buffer_start = max(self._buffer_start, int(self.agreement.last_end * STT_RATE))
-        offset = self._buffer_start / STT_RATE
+        with self._lock:
+            if audio.size - self._buffer_start > self.max_buffer_s * STT_RATE and self.agreement.committed:
+                # Keep Whisper's input short: restart the buffer at the last committed word.
+                self._buffer_start = max(self._buffer_start, int(self.agreement.last_end * STT_RATE))
+            start = self._buffer_start
+            prompt = self._prompt_before(start / STT_RATE)
+        offset = start / STT_RATE
         started = time.perf_counter()
-        words = self.recognizer.words(audio[self._buffer_start:], self._prompt_before(offset))
-        if generation != self._generation:
-            return []  # reset while this pass ran: its utterance is gone
-        self._compute_s += time.perf_counter() - started
+        words = self.recognizer.words(audio[start:], prompt)
+        with self._lock:
+            if generation != self._generation:
+                return []  # reset while this pass ran: its utterance is gone
+            self._compute_s += time.perf_counter() - started
+            if audio.size <= self._covered:
+                return []  # a pass that heard more finished first: this one is stale
+            return self._commit(words, offset, audio.size, now)
+
+    def _commit(self, words: list[Word], offset: float, samples: int, now: float) -> list[TranscriptEvent]:
         self._passes += 1
-        self._covered = audio.size
+        self._covered = samples
         self._last_pass_at = now
         hypothesis = [Word(w.start + offset, w.end + offset, w.text) for w in words]
         committed = self.agreement.insert(hypothesis)
@@ -399,21 +412,34 @@ class StreamingTranscriber:
         return await asyncio.shield(self._inflight)
 
     async def pass_now_async(self, t: float, executor: Executor | None = None) -> list[TranscriptEvent]:
-        """A pass now, whatever the interval: the caller fell silent, and a pass on all the
-        audio so far makes the end of the turn need no Whisper run (`heard_all`). Nothing when
-        a pass runs or the last one heard everything."""
-        if (self._inflight is not None and not self._inflight.done()) or self.heard_all or not self.samples:
+        """A pass now, whatever the interval, even beside a running interval pass (that one
+        heard less: it would only delay this one): the caller fell silent, and a pass on all
+        the audio so far makes the end of the turn need no Whisper run (`heard_all`). Nothing
+        when the last pass, or one running, heard every sample."""
+        samples = self.samples
+        running = self._now is not None and not self._now.done()
+        if self.heard_all or not samples or (running and self._now_samples == samples):
             return []
+        if running:
+            await asyncio.wait([self._now])  # it heard less: one such pass at a time
+            if self.heard_all or self.samples != samples:
+                return []
         loop = asyncio.get_running_loop()
-        self._inflight = loop.run_in_executor(executor, self._pass, self._buffer(), float(t), self._generation)
-        return await asyncio.shield(self._inflight)
+        self._now_samples = samples
+        self._now = loop.run_in_executor(executor, self._pass, self._buffer(), float(t), self._generation)
+        return await asyncio.shield(self._now)
+
+    async def _settle(self) -> None:
+        """Wait for every running pass."""
+        running = [f for f in (self._inflight, self._now) if f is not None and not f.done()]
+        if running:
+            await asyncio.wait(running)
 
     async def peek_async(self, executor: Executor | None = None) -> tuple[str, float, float]:
         """What `finish` would return now, without finishing: the utterance goes on (a pause
         that may or may not end the turn). Returns (text, tail seconds, compute seconds). Waits
         for a running pass; later passes do not touch the copy it works on."""
-        if self._inflight is not None:
-            await asyncio.wait([self._inflight])
+        await self._settle()
         if self.heard_all:
             return self.agreement.text, 0.0, 0.0
         # Copied on the loop, where passes are started: none can change it from here on.
@@ -423,7 +449,6 @@ class StreamingTranscriber:
 
     async def finish_async(self, executor: Executor | None = None) -> str:
         """`finish` in `executor`, after any pass still running."""
-        if self._inflight is not None:
-            await asyncio.wait([self._inflight])
+        await self._settle()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, self._finish, self._buffer())

@@ -6,8 +6,9 @@ end of the turn only the words not yet confirmed are left to transcribe.
         pass (LocalAgreement-2 over re-transcriptions) runs every `interval_s` in a worker,
         one at a time -> transcript_interim / transcript_stable events
     a piece of speech ends (SpeechEnded) -> piece_ended: the rest of its audio joins
-    the caller falls silent (no new audio while still in speech) -> a pass on all of it at
-        once, whatever the interval: if the turn ends there, that pass is its transcript
+    the caller falls silent (post-roll of silence, still in speech) -> a pass on all of it at
+        once, whatever the interval and beside a running interval pass: if the turn ends
+        there, that pass is its transcript
     the turn ends (TurnEnd) -> claim: the turn takes its transcriber, a new one starts for
         the next turn; the turn's `finish` uses the last pass if it heard everything, else
         transcribes the unconfirmed tail only
@@ -20,9 +21,10 @@ report), so a bug here costs time, never words.
 
 Passes stop while the agent answers (`paused`): on two cores a Whisper pass beside
 the LLM would slow the answer the caller is waiting for; the audio is still kept, so the
-turn's finish covers it. A pass never starts while another runs, so a slow machine gets
-fewer passes, not a queue of them. Silence and noise give no words (Whisper's silence
-guards in voice/streaming_stt.WhisperWords), so they start nothing downstream.
+turn's finish covers it. An interval pass never starts while another runs, so a slow
+machine gets fewer passes, not a queue of them; the silence pass runs beside it (at most
+two at once, on two cores). Silence and noise give no words (Whisper's silence guards in
+voice/streaming_stt.WhisperWords), so they start nothing downstream.
 """
 
 from __future__ import annotations
@@ -96,11 +98,18 @@ class LiveTranscript:
         self.transcriber = new_transcriber()
         self._fed = 0  # samples of the endpointer's current piece already given to the transcriber
         self._samples = 0  # samples of the turn so far (all its pieces)
-        self._pass: asyncio.Task | None = None
+        self._interval_pass: asyncio.Task | None = None  # every interval_s while speaking
+        self._now_pass: asyncio.Task | None = None  # when the caller falls silent (beside the other)
 
     @property
     def busy(self) -> bool:
-        return self._pass is not None and not self._pass.done()
+        return any(t is not None and not t.done() for t in (self._interval_pass, self._now_pass))
+
+    async def settle(self) -> None:
+        """Until no pass runs."""
+        running = [t for t in (self._interval_pass, self._now_pass) if t is not None and not t.done()]
+        if running:
+            await asyncio.wait(running)
 
     def heard(self, endpointer: Endpointer, t: float) -> None:
         """After a frame: the new audio of the piece in progress, and a pass if one is due."""
@@ -161,14 +170,21 @@ class LiveTranscript:
         self._fed = self._samples = 0
 
     async def close(self) -> None:
-        if self._pass is not None:
-            self._pass.cancel()
-            await asyncio.gather(self._pass, return_exceptions=True)
+        tasks = [t for t in (self._interval_pass, self._now_pass) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _maybe_pass(self, t: float, now: bool = False) -> None:
-        if self.busy or (now and (self.transcriber.heard_all or not self.transcriber.samples)) or self.paused():
-            return
-        self._pass = asyncio.create_task(self._run_pass(self.transcriber, t, now))
+        tr = self.transcriber
+        if now:
+            # Beside a running interval pass: that one heard less, and waiting for it would
+            # put a whole Whisper run between the caller's last word and the answer.
+            if tr.heard_all or not tr.samples or _running(self._now_pass) or self.paused():
+                return
+            self._now_pass = asyncio.create_task(self._run_pass(tr, t, now))
+        elif not _running(self._interval_pass) and not self.paused():
+            self._interval_pass = asyncio.create_task(self._run_pass(tr, t, now))
 
     async def _run_pass(self, transcriber: StreamingTranscriber, t: float, now: bool) -> None:
         try:
@@ -185,3 +201,7 @@ class LiveTranscript:
 
 def _event_kind(event: TranscriptEvent) -> str:
     return f"transcript_{event.kind}"  # transcript_stable | transcript_interim
+
+
+def _running(task: asyncio.Task | None) -> bool:
+    return task is not None and not task.done()
