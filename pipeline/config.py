@@ -93,7 +93,7 @@ class STTConfig(Section):
     # words not yet confirmed are transcribed. Interim and stable transcripts become call
     # events; each turn's report has stt_after_endpoint and the streaming passes.
     streaming: bool = False
-    stream_interval_ms: int = Field(default=500, ge=100)
+    stream_interval_ms: int = Field(default=1000, ge=100)
     # Words and phrases callers will say that Whisper may not know: the business's name,
     # staff, services, products, streets, days ("Riverside Dental", "Dr. Patel", "cleaning").
     # Empty: Whisper gets no prompt.
@@ -171,6 +171,9 @@ class BridgeConfig(Section):
     require_auth: bool = True
     max_media_bytes: int = Field(default=16 * 1024, ge=160)  # decoded mu-law per media message
     end_grace_s: float = Field(default=5.0, ge=0.0)  # time the pipeline gets to finish after hang-up
+    # SIGTERM drains: no new calls (503, /health 503 so a load balancer moves on), calls in
+    # progress go on up to this long, then the rest are closed with their reports. 0: close at once.
+    drain_s: float = Field(default=30.0, ge=0.0)
     # Outbound audio goes out this far ahead of real time (absorbs event-loop jitter; a
     # barge-in `clear` still leaves at most this much queued at Twilio).
     send_ahead_s: float = Field(default=0.04, ge=0.0, le=1.0)
@@ -211,6 +214,11 @@ class ToolsConfig(Section):
     # Empty: the SQLite file data/bookings.sqlite under the working directory (made if
     # missing). Else a SQLite file path, or a postgresql://user:password@host/db URL.
     database: str = ""
+    # Said at once when the model starts a tool call before it has said anything: the tool
+    # call and the answer after it take seconds on a CPU (README "Tool use"), and a caller
+    # should not sit in silence meanwhile. Not the model's words: it is not in the model's
+    # messages, only in what the caller heard. Empty: silence until the answer.
+    hold_line: str = "One moment, please."
 
 
 class Config(Section):

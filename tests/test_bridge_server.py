@@ -288,10 +288,53 @@ async def test_max_calls_refused_with_503_at_handshake():
             assert info.value.response.status_code == 503
             async with httpx.AsyncClient() as client:
                 health = (await client.get(f"http://127.0.0.1:{port}/health")).json()
-            assert health == {"ok": True, "calls_active": 1, "max_calls": 1, "calls_total": 1}
+            assert health == {"ok": True, "draining": False, "calls_active": 1, "max_calls": 1, "calls_total": 1}
         # The slot frees once the first call's handler finished.
         await wait_for(lambda: bridge.active_calls == 0, 10, "the first call's slot to free")
         await simple_echo_works(port)
+
+
+async def test_drain_refuses_new_calls_and_lets_the_call_in_progress_finish():
+    """SIGTERM's drain: the webhook, new streams and /health answer 503 (a load balancer
+    moves on); the call in progress goes on, and the drain ends when it does."""
+    echo = Echo()
+    async with running_bridge(echo) as (bridge, port):
+        async with connect(stream_url(port), additional_headers=bearer()) as ws:
+            await ws.send(start_msg())
+            await ws.send(encode_event(Media(SID, frame(1))))
+            await recv_outbound(ws)
+            draining = asyncio.create_task(bridge.drain(30.0))
+            await wait_for(lambda: bridge.draining, 5, "the drain to start")
+            async with httpx.AsyncClient() as client:
+                r = await client.get(f"http://127.0.0.1:{port}/health")
+                assert r.status_code == 503 and r.json()["draining"] is True and r.json()["calls_active"] == 1
+                r = await client.post(f"http://127.0.0.1:{port}/voice", headers=bearer())
+                assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(stream_url(port), additional_headers=bearer()):
+                    pass
+            assert info.value.response.status_code == 503
+            # The call in progress is still served.
+            await ws.send(encode_event(Media(SID, frame(2))))
+            assert await recv_outbound(ws) is not None
+            assert not draining.done()
+            await ws.send(encode_event(Stop(SID, "CA0001", "AC0001")))
+            assert await asyncio.wait_for(draining, 10) == 0  # its end ended the drain
+        assert [c.end_reason for c in echo.calls] != ["server_shutdown"]
+
+
+async def test_a_drain_that_runs_out_leaves_the_call_to_stop():
+    echo = Echo()
+    async with running_bridge(echo, end_grace_s=0.5) as (bridge, port):
+        ws = await connect(stream_url(port), additional_headers=bearer())
+        await ws.send(start_msg())
+        await ws.send(encode_event(Media(SID, frame(1))))
+        await recv_outbound(ws)
+        assert await asyncio.wait_for(bridge.drain(0.2), 10) == 1  # still in progress at the deadline
+        await asyncio.wait_for(bridge.stop(), 5)
+        assert await wait_closed(ws) == 1001
+        await asyncio.wait_for(echo.done.wait(), 2)
+        assert [c.end_reason for c in echo.calls] == ["server_shutdown"]
 
 
 async def test_idle_timeout_closes_the_call():

@@ -76,15 +76,35 @@ def run(args: argparse.Namespace) -> int:
         port = await bridge.start()
         print(f"specvoice bridge listening on {bridge_config.host}:{port} "
               f"(/media-stream, /voice, /health; max {bridge_config.max_calls} calls)", flush=True)
-        # SIGTERM (what systemd, Docker and Kubernetes send) stops like Ctrl-C: calls in
-        # progress are closed (1001, going away) and their reports written, then exit 0.
-        # Without this handler the process died at once and those reports were lost.
+        # SIGTERM (what systemd, Docker and Kubernetes send) drains: no new calls (503, and
+        # /health 503 so a load balancer moves on), calls in progress go on for up to
+        # bridge.drain_s, then the rest are closed (1001, going away) with their reports, and
+        # the process exits 0. A second SIGTERM, or Ctrl-C, closes them at once.
         serving = asyncio.current_task()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, serving.cancel)
+        loop = asyncio.get_running_loop()
+        drain: asyncio.Task | None = None
+
+        def on_sigterm() -> None:
+            nonlocal drain
+            if drain is not None or bridge_config.drain_s <= 0:
+                serving.cancel()
+                return
+            print(f"specvoice serve: SIGTERM, draining: no new calls, {bridge.active_calls} in progress "
+                  f"(up to {bridge_config.drain_s:.0f} s; SIGTERM again to stop now)", file=sys.stderr, flush=True)
+
+            async def drain_then_stop() -> None:
+                left = await bridge.drain(bridge_config.drain_s)
+                if left:
+                    print(f"specvoice serve: drain time over, closing {left} call(s)", file=sys.stderr, flush=True)
+                serving.cancel()
+
+            drain = loop.create_task(drain_then_stop())
+
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
         try:
             await bridge.serve_forever()
         except asyncio.CancelledError:
-            print("specvoice serve: SIGTERM, calls closed, stopped", file=sys.stderr, flush=True)
+            print("specvoice serve: calls closed, stopped", file=sys.stderr, flush=True)
 
     try:
         asyncio.run(main())

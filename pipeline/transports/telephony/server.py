@@ -308,6 +308,8 @@ class Bridge:
         self.calls_total = 0
         self.port: int | None = None
         self._stopping = False
+        self.draining = False  # drain(): new calls refused, calls in progress go on
+        self._calls_changed = asyncio.Event()  # a call ended (drain waits on it)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -347,6 +349,23 @@ class Bridge:
         finally:
             await self.stop()
 
+    async def drain(self, timeout_s: float) -> int:
+        """Stop taking calls and let those in progress finish, up to `timeout_s`: the webhook,
+        new streams and /health answer 503 (a load balancer takes this process out; Twilio
+        tries the webhook's fallback URL). Returns how many calls were still in progress at
+        the deadline (stop() then closes them, reports written)."""
+        self.draining = True
+        log.info("draining: no new calls; waiting up to %.0f s for %d call(s)", timeout_s, self.active_calls)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.active_calls and (left := deadline - loop.time()) > 0:
+            self._calls_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                # Woken when a call ends; the timeout also catches a slot whose connection
+                # closed without a call (a failed handshake is only noticed by _admitted()).
+                await asyncio.wait_for(self._calls_changed.wait(), min(left, 1.0))
+        return self.active_calls
+
     @property
     def active_calls(self) -> int:
         return len(self._admitted())
@@ -381,9 +400,12 @@ class Bridge:
         method = getattr(request, "method", "GET")
         peer = _peer(connection)
         if path == HEALTH_PATH and method in ("GET", "HEAD"):
-            body = json.dumps({"ok": True, "calls_active": self.active_calls, "max_calls": self.config.max_calls,
-                               "calls_total": self.calls_total})
-            return _response(200, body, "application/json")
+            body = json.dumps({"ok": not self.draining, "draining": self.draining, "calls_active": self.active_calls,
+                               "max_calls": self.config.max_calls, "calls_total": self.calls_total})
+            return _response(503 if self.draining else 200, body, "application/json")
+        if self.draining and path in (VOICE_PATH, STREAM_PATH):
+            log.warning("%s refused (503: draining) from %s", path, peer)
+            return _response(503, "shutting down, try another server\n", extra={"Retry-After": "5"})
         if path == VOICE_PATH and method in ("GET", "POST"):
             status = self._authorized(request, request.path)
             if status:
@@ -476,6 +498,7 @@ class Bridge:
             await self._run_connection(ws, peer)
         finally:
             self._slots.discard(ws)
+            self._calls_changed.set()
 
     async def _run_connection(self, ws: ServerConnection, peer: str) -> None:
         call: TelephonyCall | None = None
