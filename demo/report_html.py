@@ -725,6 +725,8 @@ def _turn_section(report: dict, i: int, turn: dict) -> str:
                  f'{f", {failed} failed" if failed else ""}</span>')
     if turn.get("tool_fallback"):
         flag += '<span class="badge" data-field="tool_fallback">spoke the fallback</span>'
+    if turn.get("hold_line"):
+        flag += '<span class="badge tool" data-field="hold_line">hold line while the tool ran</span>'
     action = _dict(turn.get("action"))
     if action.get("action"):
         reason = f": {action.get('reason')}" if action.get("reason") else ""

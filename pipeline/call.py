@@ -497,7 +497,8 @@ class Call:
         try:
             await respond(backend or self.backend, messages, self.params,
                           SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
-                          sentences, turn.timeline, turn.barge_in, turn.llm, emit, self.toolbox)
+                          sentences, turn.timeline, turn.barge_in, turn.llm, emit, self.toolbox,
+                          self.config.tools.hold_line)
             await speaker
         finally:
             if not speaker.done():
@@ -528,6 +529,8 @@ class Call:
             entry["keypad"] = {"digits": keypad.digits, "ended_by": keypad.ended_by}
         if turn.llm.fallback:
             entry["tool_fallback"] = True
+        if turn.llm.hold_line_t is not None:
+            entry["hold_line"] = True  # the first sentence was the hold line, not the model's
         if turn.llm.action is not None:
             entry["action"] = {"action": turn.llm.action, "reason": turn.llm.action_reason}
             self.ended_by = (turn.llm.action, turn.llm.action_reason)

@@ -58,6 +58,14 @@ class LLMResult:
     action: str | None = None
     action_reason: str | None = None
     fallback: bool = False
+    # The hold line ([tools] hold_line, "One moment, please.") spoken when the model began a
+    # tool call before saying anything: its monotonic time, None if not spoken.
+    hold_line_t: float | None = None
+
+    @property
+    def model_spoke(self) -> bool:
+        """Something besides the hold line (always the first sentence when spoken) was said."""
+        return len(self.sentences) > (0 if self.hold_line_t is None else 1)
 
 
 @dataclass

@@ -92,12 +92,13 @@ class Box:
         return self.box.run(name, arguments)
 
 
-async def turn(backend, box, barge_in: BargeIn | None = None, sentences: asyncio.Queue | None = None):
+async def turn(backend, box, barge_in: BargeIn | None = None, sentences: asyncio.Queue | None = None,
+               hold_line: str = ""):
     sentences = sentences if sentences is not None else asyncio.Queue()
     result, tl = LLMResult(), TurnTimeline()
     events = []
     await respond(backend, [SYSTEM, USER], SamplingParams(), SentenceSplitter(), sentences, tl,
-                  barge_in or BargeIn(), result, lambda kind, **data: events.append((kind, data)), box)
+                  barge_in or BargeIn(), result, lambda kind, **data: events.append((kind, data)), box, hold_line)
     spoken = []
     while (s := sentences.get_nowait()) is not None:
         spoken.append(s)
@@ -288,6 +289,43 @@ async def test_end_call_after_a_goodbye_adds_nothing(store):
     assert result.action == "end_call" and spoken == ["Thanks for calling, goodbye!"] and backend.opened == 1
 
 
+# ---------------------------------------------------------------- the hold line
+
+HOLD = "One moment, please."
+
+
+async def test_a_turn_that_begins_with_a_tool_call_says_the_hold_line_before_the_tool_runs(store):
+    backend = ScriptedBackend(reply=rounds(call("book_slot", slot=SLOTS[0], name="Ann Lee"),
+                                           "You're booked for Tuesday at 10:30, Ann."))
+    sentences: asyncio.Queue = asyncio.Queue()
+    box = Box(store, sentences)
+    result, spoken, events = await turn(backend, box, sentences=sentences, hold_line=HOLD)
+    assert spoken == [HOLD, "You're booked for Tuesday at 10:30, Ann."]
+    assert box.spoken_before == [[HOLD]]  # heard while the call was being written and run
+    assert result.hold_line_t is not None and ("hold_line", {"text": HOLD}) in events
+    # Not the model's words: its next round does not see them.
+    assert result.tool_messages[0]["role"] == "assistant" and result.tool_messages[0]["content"] == ""
+    assert len(store.bookings()) == 1
+
+
+async def test_no_hold_line_when_the_model_speaks_before_its_call(store):
+    backend = ScriptedBackend(reply=rounds("Let me book that.\n" + call("book_slot", slot=SLOTS[0], name="Ann Lee"),
+                                           "Done, Ann."))
+    result, spoken, _ = await turn(backend, Box(store), hold_line=HOLD)
+    assert spoken == ["Let me book that.", "Done, Ann."] and result.hold_line_t is None
+
+
+async def test_the_hold_line_does_not_count_as_the_answer(store):
+    # The model went quiet after the tool: the caller still hears what the database did.
+    backend = ScriptedBackend(reply=rounds(call("book_slot", slot=SLOTS[0], name="Ann Lee"), ""))
+    result, spoken, _ = await turn(backend, Box(store), hold_line=HOLD)
+    assert spoken == [HOLD, f"You're booked for {SLOTS[0]}, under the name Ann Lee."] and not result.fallback
+    # A transfer still says its line.
+    backend = ScriptedBackend(reply=rounds(call("transfer_to_human", reason="billing question")))
+    result, spoken, _ = await turn(backend, Box(store), hold_line=HOLD)
+    assert spoken == [HOLD, "Let me transfer you now."] and result.action == "transfer"
+
+
 # ---------------------------------------------------------------- the call
 
 
@@ -340,6 +378,9 @@ async def test_call_records_tool_calls_in_report_and_history_then_transfers(tmp_
     assert t0["tool_calls"][0]["arguments"]["name"] == "Zoë Ó Briain"  # stored and reported as heard
     assert 0 <= t0["tool_calls"][0]["start"] <= t0["tool_calls"][0]["end"]
     assert t1["action"] == {"action": "transfer", "reason": "wants a dentist"}
+    # Both turns began with a call: the caller heard [tools] hold_line first, while it ran.
+    assert t0["hold_line"] is True and t0["agent_text"] == "One moment, please. Booked for Tuesday."
+    assert t1["agent_text"] == "One moment, please. Let me transfer you now."
     assert store.bookings()[0].name == "Zoë Ó Briain"
     tools = data["summary"]["tools"]
     assert tools["calls"] == 2 and tools["failed"] == 0 and tools["turns"] == 2

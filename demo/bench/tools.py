@@ -305,6 +305,7 @@ class Setup:
     count_tokens: Callable[[list[dict]], int] | None = None
     first_clause: bool = False
     first_clause_min_words: int = 6
+    hold_line: str = ""  # [tools] hold_line: said when a tool call begins before any words
 
 
 async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dict], None] = lambda t: None) -> dict:
@@ -330,18 +331,22 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
         marks: list[tuple[str, float]] = []
 
         def emit(kind: str, **data) -> None:
-            if kind in ("sentence", "tool_result"):
+            if kind in ("sentence", "tool_result", "hold_line"):
                 marks.append((kind, time.monotonic()))
 
         await respond(backend, messages, setup.params,
                       SentenceSplitter(setup.first_clause, setup.first_clause_min_words),
-                      sentences, tl, BargeIn(), result, emit, box)
+                      sentences, tl, BargeIn(), result, emit, box, setup.hold_line)
         spoken = " ".join(result.sentences)
         history.add(line, spoken, result.tool_messages)  # what the caller heard, as a call keeps it
         m = tl.metrics()
         start = tl.get("llm_request")
         last_tool = max((t for k, t in marks if k == "tool_result"), default=None)
         after_tool = next((t for k, t in marks if k == "sentence" and last_tool is not None and t >= last_tool), None)
+        # The model's own first sentence (not the hold line, which is the first "sentence"
+        # mark when spoken), and the first thing the caller heard at all.
+        held = result.hold_line_t is not None
+        own = [t for k, t in marks if k == "sentence"][1 if held else 0:]
         st = result.stats
         turn = {
             "caller": line, "agent": spoken,
@@ -349,7 +354,8 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
                            for c in result.tool_calls],
             "fallback": result.fallback, "action": result.action, "finish_reason": result.finish_reason,
             "error": result.error,
-            "first_sentence_s": m.get("first_sentence_latency"), "ttft_s": m.get("ttft"),
+            "first_sentence_s": (own[0] - start) if own and start is not None else None,
+            "first_heard_s": m.get("first_sentence_latency"), "hold_line": held, "ttft_s": m.get("ttft"),
             "llm_total_s": m.get("llm_total"),
             # The first sentence spoken after the last tool's result: the one carrying it.
             "answer_after_tool_s": (after_tool - start) if after_tool is not None and start is not None else None,
@@ -421,6 +427,10 @@ def summarize(rows: list[dict]) -> dict:
                                  # issue 15: a tool turn adds at most one extra first-sentence latency
                                  "target_met": None if ratio is None else ratio <= 2.0},
             "answer_after_tool_s": _median(t["answer_after_tool_s"] for t in tool_turns),
+            # What ends the caller's silence: the hold line where it was said, else the answer.
+            "first_heard_s": {"tool_turns": _median(t.get("first_heard_s") for t in tool_turns),
+                              "plain_turns": _median(t.get("first_heard_s") for t in plain_turns),
+                              "hold_lines": sum(bool(t.get("hold_line")) for t in tool_turns)},
             "ttft_s": {"tool_turns": _median(t["ttft_s"] for t in tool_turns),
                        "plain_turns": _median(t["ttft_s"] for t in plain_turns)},
             "llm_total_s": {"tool_turns": _median(t["llm_total_s"] for t in tool_turns),
@@ -454,6 +464,10 @@ def print_table(report: dict) -> None:
     print(f"first sentence (median s): tool turns {sec(fs['tool_turns'])} (n={s['tool_turns']}), plain turns "
           f"{sec(fs['plain_turns'])} (n={s['plain_turns']}), ratio "
           f"{'-' if fs['ratio'] is None else format(fs['ratio'], '.2f')} (target <= 2: {met})")
+    heard = lat.get("first_heard_s")
+    if heard:
+        print(f"first words heard (median s; the hold line where the model began with a tool call): tool turns "
+              f"{sec(heard['tool_turns'])} ({heard['hold_lines']} hold lines), plain turns {sec(heard['plain_turns'])}")
     print(f"answer after the last tool result (median s): {sec(lat['answer_after_tool_s'])}; "
           f"LLM total per turn: tool {sec(lat['llm_total_s']['tool_turns'])}, plain {sec(lat['llm_total_s']['plain_turns'])}")
     print(f"\n{'kind':14s} {'n':>3s} {'state':>6s} {'tools':>6s}")
@@ -554,7 +568,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
     prefill = {"tokens": len(prefix), "seconds": time.perf_counter() - t}
     setup = Setup(prompt, params, labels, greeting=config.agent.greeting, history_tokens=config.agent.history_tokens,
                   count_tokens=engine.count_tokens, first_clause=config.pipeline.first_clause,
-                  first_clause_min_words=config.pipeline.first_clause_min_words)
+                  first_clause_min_words=config.pipeline.first_clause_min_words, hold_line=config.tools.hold_line)
 
     rows = []
     bar = tqdm(total=sum(len(d.lines) for d in dialogues), desc="bench tools", unit="turn", file=sys.stderr)

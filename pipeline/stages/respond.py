@@ -46,12 +46,15 @@ async def respond(
     result: LLMResult,
     emit: Callable[..., None] = lambda kind, **data: None,
     toolbox: Any | None = None,
+    hold_line: str = "",
 ) -> LLMResult:
     """Stream the answer; put each sentence into `sentences`, then None. Fills `result` as
     it goes (text, sentences, finish reason, stats, passes at a barge-in, error, tool calls),
     so that a hang-up mid-answer still leaves what was said; returns it. With `toolbox`
-    (pipeline.tools.ToolBox) the model may call tools between rounds."""
-    answer = AnswerStream(backend, params, splitter, sentences, timeline, barge_in, result, emit)
+    (pipeline.tools.ToolBox) the model may call tools between rounds; `hold_line` is said
+    when the model starts a call before it said anything (AnswerStream.round)."""
+    answer = AnswerStream(backend, params, splitter, sentences, timeline, barge_in, result, emit,
+                          hold_line=hold_line)
 
     async def note_barge_in() -> None:
         await barge_in.event.wait()
@@ -96,9 +99,12 @@ class AnswerStream:
     barge_in: BargeIn
     result: LLMResult
     emit: Callable[..., None]
+    hold_line: str = ""  # said when a tool call begins before anything was said (once a turn)
     rounds: list[GenerationStats] = field(default_factory=list)  # one per finished generation
     _before: Any = None  # the backend's stats before the live round: ours is the next to appear
     _live: bool = False
+    _held: bool = False
+    _after_line: bool = False
 
     async def round(self, messages: list[dict], filt: ToolCallFilter | None = None) -> tuple[str, ToolCallParse]:
         """Generate once; speak what may be spoken (the end of the round flushes the
@@ -116,6 +122,8 @@ class AnswerStream:
                     if not group.text or self.barge_in.fired:
                         continue
                     said.append(self.say(filt.feed(group.text) if filt is not None else group.text))
+                    if filt is not None and filt.holding and self.hold_line and not self._held:
+                        self._hold()
             parse = ToolCallParse()
             if filt is not None:
                 tail, parse = filt.finish()
@@ -132,6 +140,17 @@ class AnswerStream:
         finally:
             self.close_round()
 
+    def _hold(self) -> None:
+        """A tool call began: whatever the model said before it goes out now; if that was
+        nothing, the hold line does, so the caller is not left in silence while the call is
+        written, run and answered."""
+        self._held = True  # once a turn
+        self.flush()
+        if not self.result.sentences:
+            self.result.hold_line_t = time.monotonic()
+            self.line(self.hold_line)
+            self.emit("hold_line", text=self.hold_line)
+
     def close_round(self) -> None:
         if self._live:
             stats = self.backend.last_stats
@@ -146,6 +165,9 @@ class AnswerStream:
 
     def say(self, text: str) -> str:
         if text:
+            if self._after_line and not text[0].isspace():
+                self.result.text += " "  # the model goes on after a line of ours (the hold line)
+            self._after_line = False
             self.result.text += text
             self.emit("llm_text", text=text)
             for sentence in self.splitter.feed(text):
@@ -160,6 +182,7 @@ class AnswerStream:
         """A fixed sentence of ours (not the model's), spoken after whatever is pending."""
         self.flush()
         self.result.text += (" " if self.result.text and not self.result.text.endswith(" ") else "") + sentence
+        self._after_line = True
         self._hand(sentence)
 
     def _hand(self, sentence: str) -> None:

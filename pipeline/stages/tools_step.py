@@ -57,7 +57,7 @@ async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         if barge_in.fired or result.finish_reason in ("cancelled", "error"):
             return
         if not parse.found:
-            if result.tool_calls and not result.sentences:
+            if result.tool_calls and not result.model_spoke:
                 # Tools ran and the model then said nothing (bench tools: the 1.5B booked,
                 # repeated the call, was refused, and went quiet): the caller must not be left
                 # in silence. Say what the database did, from the tool results themselves.
@@ -74,7 +74,7 @@ async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         if barge_in.fired:
             return
         if result.action is not None:
-            if not result.sentences:
+            if not result.model_spoke:
                 answer.line(ACTION_LINES.get(result.action, ACTION_LINES["end_call"]))
             return
         if not ok:
