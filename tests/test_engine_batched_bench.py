@@ -23,6 +23,10 @@ def test_run_level_counts_and_matches_alone(tiny_models):
     assert r["batched_passes"] >= 1 and r["conversations_per_pass"] > 1
     assert r["aggregate_tokens_per_s"] > 0 and r["per_call_tokens_per_s_min"] <= r["per_call_tokens_per_s_median"]
     assert r["decode_aggregate_tokens_per_s"] > 0 and 0 < r["decode_window_s"] <= r["wall_s"]
+    # Every call's first sentence (the stream's end at the latest), within its own run.
+    firsts = [c["first_sentence_s"] for c in r["calls"]]
+    assert all(f is not None and 0 < f <= c["seconds"] for f, c in zip(firsts, r["calls"]))
+    assert min(firsts) <= r["first_sentence_s_p50"] <= r["first_sentence_s_p90"] <= max(firsts)
     costs = batch.pass_costs(eng.target.model, shapes=((1, 1), (3, 2)), context=20, repeats=1)
     assert set(costs) == {"1x1", "3x2"} and all(v > 0 for v in costs.values())
 

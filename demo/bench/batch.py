@@ -61,17 +61,22 @@ def run_level(engine, prompts: list[list[int]], max_new: int) -> dict:
     out: list[dict] = [{} for _ in range(n)]
 
     def call(i: int) -> None:
+        from demo.bench.llm import FirstSentenceClock
+
         conv = engine.new_conversation()
         go.wait()
         ids, stamps = [], []
         t0 = time.perf_counter()
+        clock = FirstSentenceClock(t0)  # what a caller waits for: the first sentence to speak
         for g in engine.stream(prompts[i], SamplingParams(max_new_tokens=max_new), conv):
             ids.extend(g.token_ids)
             stamps.append((g.timestamp, len(g.token_ids)))
+            clock.feed(g.text, len(g.token_ids), time.perf_counter())
+        clock.end(time.perf_counter())
         st = conv.last_stats
         out[i] = {"ids": ids, "stamps": stamps, "seconds": time.perf_counter() - t0, "tokens": len(ids), "passes": st.passes,
                   "tokens_per_s": len(ids) / (time.perf_counter() - t0), "mean_gamma": st.as_dict()["mean_gamma"],
-                  "acceptance_rate": st.acceptance_rate, "ttft_s": st.ttft_s}
+                  "acceptance_rate": st.acceptance_rate, "ttft_s": st.ttft_s, "first_sentence_s": clock.first_sentence}
 
     sched = engine.scheduler
     before = (sched.passes, sched.batched_passes, sched.rows, sched.rounds)
@@ -94,7 +99,10 @@ def run_level(engine, prompts: list[list[int]], max_new: int) -> dict:
     for c in out:
         del c["stamps"]
     conv_passes = sum(c["passes"] for c in out)
+    firsts = sorted(c["first_sentence_s"] for c in out if c["first_sentence_s"] is not None)
     return {
+        "first_sentence_s_p50": firsts[len(firsts) // 2] if firsts else None,
+        "first_sentence_s_p90": firsts[min(len(firsts) - 1, int(0.9 * len(firsts)))] if firsts else None,
         "wall_s": wall,
         "tokens": tokens,
         "aggregate_tokens_per_s": tokens / wall,
@@ -189,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{r['decode_aggregate_tokens_per_s'] or 0:6.2f}  per call "
                       f"{r['per_call_tokens_per_s_median']:6.2f}  passes {r['target_passes']:4}  conv/pass "
                       f"{r['conversations_per_pass'] or 0:4.2f}  rows/pass {r['rows_per_pass'] or 0:5.2f}  "
-                      f"gamma {r['mean_gamma']:4.2f}  exact {r['exact']}", file=sys.stderr)
+                      f"gamma {r['mean_gamma']:4.2f}  1st sentence p50 {r['first_sentence_s_p50'] or 0:5.2f} s  "
+                      f"exact {r['exact']}", file=sys.stderr)
     engine.close()
     costs = pass_costs(engine.target.model)
     print("pass cost by conversations x rows: " + ", ".join(
