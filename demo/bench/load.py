@@ -110,7 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     past.add_argument("--stop-one-at-answer", action="store_true",
                       help="--spawn: stop one process once one of its calls heard its first answer")
     past.add_argument("--stop-signal", choices=["INT", "TERM"], default="INT",
-                      help="signal for the stop (default INT, the clean stop; TERM has no handler in serve)")
+                      help="signal for the stop (default INT: calls in flight closed at once, reports written; "
+                           "TERM: serve drains, taking no new calls and ending once its calls in flight have)")
 
 
 # ---------------------------------------------------------------- set-up
