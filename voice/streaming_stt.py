@@ -370,8 +370,9 @@ class StreamingTranscriber:
 
     def _finish(self, audio: np.ndarray) -> str:
         if self.heard_all:  # the last pass heard it all: its tail is the rest (no Whisper run)
-            self.agreement.finish(list(self.agreement.tail))
-            text, tail_s, compute = self.agreement.stable_text, 0.0, 0.0
+            with self._lock:  # an interval pass may still be running: its result is stale
+                self.agreement.finish(list(self.agreement.tail))
+                text, tail_s, compute = self.agreement.stable_text, 0.0, 0.0
         else:
             text, tail_s, compute = self._transcribe_tail(self.agreement, audio, self._buffer_start)
         self.stats = FinishStats(tail_s=tail_s, compute_s=compute, utterance_s=audio.size / STT_RATE,
@@ -430,7 +431,13 @@ class StreamingTranscriber:
         return await asyncio.shield(self._now)
 
     async def _settle(self) -> None:
-        """Wait for every running pass."""
+        """Wait until the transcript of all the audio is known: the silence pass, if one
+        running hears every sample (an interval pass beside it heard less: its result will be
+        stale, not worth waiting for); else every running pass."""
+        if self._now is not None and not self._now.done() and self._now_samples == self.samples:
+            await asyncio.wait([self._now])
+            if self.heard_all:
+                return
         running = [f for f in (self._inflight, self._now) if f is not None and not f.done()]
         if running:
             await asyncio.wait(running)
@@ -441,7 +448,8 @@ class StreamingTranscriber:
         for a running pass; later passes do not touch the copy it works on."""
         await self._settle()
         if self.heard_all:
-            return self.agreement.text, 0.0, 0.0
+            with self._lock:
+                return self.agreement.text, 0.0, 0.0
         # Copied on the loop, where passes are started: none can change it from here on.
         agreement, audio = copy.deepcopy(self.agreement), self._buffer()
         loop = asyncio.get_running_loop()

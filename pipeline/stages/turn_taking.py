@@ -125,9 +125,11 @@ class TurnTaker:
         decision = self.policy.decide(now - event.last_voiced_t, self._probability)
         if decision.action == "end" and decision.reason == "model" and self._transcript is not None:
             # "Complete": unless the words end on one that cannot end a sentence ("for the").
+            # Decided on the silence the model answered at: waiting for the words is the
+            # transcription the turn needs anyway, not more silence from the caller.
             transcript = await self._transcript
-            now = max(now, self.clock())
             decision = self.policy.decide(now - event.last_voiced_t, self._probability, transcript)
+            now = max(now, self.clock())
         self.decisions.append((decision.action, self._probability))
         if decision.action == "end":
             return [self._end(now, decision.reason)]
