@@ -248,7 +248,9 @@ async def test_concurrent_callers_for_one_slot_one_booking_others_offered_anothe
     assert sid == booking.call_id and tool["error"] is None
     assert tool["result"] == {"booked": True, "booking_id": booking.id, "slot": CONTESTED,
                               "name": booking.name, "phone": None}
-    assert turn["agent_text"] == f"You're booked for {CONTESTED}, {booking.name}."
+    # Every model began with the call: the caller heard the hold line first.
+    hold = cfg.tools.hold_line
+    assert turn["agent_text"] == f"{hold} You're booked for {CONTESTED}, {booking.name}."
 
     for sid, turn, tool in losers:
         assert tool["result"] is None
@@ -259,7 +261,7 @@ async def test_concurrent_callers_for_one_slot_one_booking_others_offered_anothe
         assert m.group(2).split("; ") == still_open  # the note lists exactly the slots still open
         # The next round read that refusal and offered another slot, which the caller heard.
         offer = still_open[0]
-        assert turn["agent_text_heard"] == f"Sorry, that one was just taken. I can offer {offer} instead."
+        assert turn["agent_text_heard"] == f"{hold} Sorry, that one was just taken. I can offer {offer} instead."
     losing_racers = [r for r in models.racers if r.name != booking.name]
     assert len(losing_racers) == n - 1
     for racer in losing_racers:

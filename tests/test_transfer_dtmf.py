@@ -231,9 +231,11 @@ async def test_transfer_speaks_its_line_then_closes_and_the_action_url_dials(tmp
         (turn,) = data["turns"]
         assert turn["action"] == {"action": "transfer", "reason": "billing question"}
         # Spoken to the end before the close: its mark came back (echoed by us) and counted
-        # it as heard; a stream closed early would have left it unheard.
-        assert turn["agent_text"] == turn["agent_text_heard"] == ACTION_LINES["transfer"]
-        assert handler.calls[0].turns[0].speech.heard == [ACTION_LINES["transfer"]]
+        # it as heard; a stream closed early would have left it unheard. (The model began
+        # with the call: the hold line came first.)
+        hold = cfg.tools.hold_line
+        assert turn["agent_text"] == turn["agent_text_heard"] == f"{hold} {ACTION_LINES['transfer']}"
+        assert handler.calls[0].turns[0].speech.heard == [hold, ACTION_LINES["transfer"]]
 
         # Twilio now asks the <Connect> action URL what to do with this call: dial.
         r = await get(port, f"/stream-ended?CallSid={c.call_sid}&CallStatus=in-progress", auth())
@@ -275,7 +277,7 @@ async def test_without_a_transfer_number_the_tool_says_so_and_the_call_goes_on(t
         await wait_for(lambda: handler.calls, 10, "the call to start")
         assert await handler.calls[0].wait_turns(1, 20)
         turn = handler.calls[0].turns[0]
-        assert turn.agent_text == "Nobody is free right now. Can I take a message?"
+        assert turn.agent_text == f"{cfg.tools.hold_line} Nobody is free right now. Can I take a message?"
         assert handler.calls[0].ended_by is None and not c.ws.close_code  # still on the line
         (tool,) = turn.llm.tool_calls
         assert tool["name"] == "transfer_to_human" and not tool["ok"] and tool["error"] == NoTransferLine.UNAVAILABLE
