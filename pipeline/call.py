@@ -80,7 +80,7 @@ __all__ = ["Call", "History", "ModelSet", "Turn", "voice_executor"]
 
 # Call events also published to MQTT as they happen (<prefix>/calls/<id>/events): the
 # end-of-turn decision, the preemptive generation's start / kept / discarded, and the
-# streaming STT's interim and stable transcripts.
+# streaming STT's interim, stable and pause transcripts.
 MQTT_EVENTS = frozenset({"end_of_turn", "preemptive_start", "preemptive_kept", "preemptive_discarded",
                          "transcript_interim", "transcript_stable", "transcript_pause"})
 

@@ -101,6 +101,15 @@ def bearer() -> dict:
     return {"Authorization": f"Bearer {BEARER}"}
 
 
+async def call_in_progress(port: int):
+    """A call the bridge has started and answered once (its first audio echoed back)."""
+    ws = await connect(stream_url(port), additional_headers=bearer())
+    await ws.send(start_msg())
+    await ws.send(encode_event(Media(SID, frame(1))))
+    await recv_outbound(ws)
+    return ws
+
+
 def start_msg(sid: str = SID) -> str:
     return encode_event(Start(sid, "CA0001", "AC0001", {"From": "+15550100"}))
 
@@ -299,10 +308,7 @@ async def test_drain_refuses_new_calls_and_lets_the_call_in_progress_finish():
     moves on); the call in progress goes on, and the drain ends when it does."""
     echo = Echo()
     async with running_bridge(echo) as (bridge, port):
-        async with connect(stream_url(port), additional_headers=bearer()) as ws:
-            await ws.send(start_msg())
-            await ws.send(encode_event(Media(SID, frame(1))))
-            await recv_outbound(ws)
+        async with await call_in_progress(port) as ws:
             draining = asyncio.create_task(bridge.drain(30.0))
             await wait_for(lambda: bridge.draining, 5, "the drain to start")
             async with httpx.AsyncClient() as client:
@@ -326,10 +332,7 @@ async def test_drain_refuses_new_calls_and_lets_the_call_in_progress_finish():
 async def test_a_drain_that_runs_out_leaves_the_call_to_stop():
     echo = Echo()
     async with running_bridge(echo, end_grace_s=0.5) as (bridge, port):
-        ws = await connect(stream_url(port), additional_headers=bearer())
-        await ws.send(start_msg())
-        await ws.send(encode_event(Media(SID, frame(1))))
-        await recv_outbound(ws)
+        ws = await call_in_progress(port)
         assert await asyncio.wait_for(bridge.drain(0.2), 10) == 1  # still in progress at the deadline
         await asyncio.wait_for(bridge.stop(), 5)
         assert await wait_closed(ws) == 1001
@@ -563,10 +566,7 @@ async def test_clear_drops_unsent_audio_and_marks():
 async def test_stop_with_a_call_in_progress():
     echo = Echo()
     async with running_bridge(echo, end_grace_s=0.5) as (bridge, port):
-        ws = await connect(stream_url(port), additional_headers=bearer())
-        await ws.send(start_msg())
-        await ws.send(encode_event(Media(SID, frame(1))))
-        await recv_outbound(ws)
+        ws = await call_in_progress(port)
         await asyncio.wait_for(bridge.stop(), 5)
         assert await wait_closed(ws) == 1001  # going away
         await asyncio.wait_for(echo.done.wait(), 2)
@@ -581,10 +581,7 @@ async def test_cancelled_serve_forever_ends_calls_as_server_shutdown():
                     BridgeTokens.of(TWILIO_TOKEN, BEARER), end_grace_s=0.5)
     port = await bridge.start()
     serving = asyncio.create_task(bridge.serve_forever())
-    ws = await connect(stream_url(port), additional_headers=bearer())
-    await ws.send(start_msg())
-    await ws.send(encode_event(Media(SID, frame(1))))
-    await recv_outbound(ws)
+    ws = await call_in_progress(port)
     serving.cancel()
     await asyncio.gather(serving, return_exceptions=True)
     assert await wait_closed(ws) == 1001

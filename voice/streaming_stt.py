@@ -252,7 +252,7 @@ class StreamingTranscriber:
 
     @property
     def audio_s(self) -> float:
-        return (self._audio.size + sum(c.size for c in self._chunks)) / STT_RATE
+        return self.samples / STT_RATE
 
     @property
     def stable_text(self) -> str:
@@ -314,16 +314,13 @@ class StreamingTranscriber:
         now = self._due(t)
         return [] if now is None else self._pass(self._buffer(), now, self._generation)
 
-    def _prompt_before(self, start_s: float) -> str | None:
-        return join_words([w for w in self.agreement.committed if w.end <= start_s]) or None
-
     def _pass(self, audio: np.ndarray, now: float, generation: int) -> list[TranscriptEvent]:
         with self._lock:
             if audio.size - self._buffer_start > self.max_buffer_s * STT_RATE and self.agreement.committed:
                 # Keep Whisper's input short: restart the buffer at the last committed word.
                 self._buffer_start = max(self._buffer_start, int(self.agreement.last_end * STT_RATE))
             start = self._buffer_start
-            prompt = self._prompt_before(start / STT_RATE)
+            prompt = _prompt_before(self.agreement, start / STT_RATE)
         offset = start / STT_RATE
         started = time.perf_counter()
         words = self.recognizer.words(audio[start:], prompt)
@@ -386,7 +383,7 @@ class StreamingTranscriber:
         cut_s = agreement.last_end - self.finish_overlap_s if agreement.committed else 0.0
         cut = min(audio.size, max(buffer_start, int(round(cut_s * STT_RATE))))
         started = time.perf_counter()
-        prompt = join_words([w for w in agreement.committed if w.end <= cut / STT_RATE]) or None
+        prompt = _prompt_before(agreement, cut / STT_RATE)
         words = self.recognizer.words(audio[cut:], prompt)
         compute = time.perf_counter() - started
         offset = cut / STT_RATE
@@ -460,3 +457,8 @@ class StreamingTranscriber:
         await self._settle()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, self._finish, self._buffer())
+
+
+def _prompt_before(agreement: LocalAgreement, start_s: float) -> str | None:
+    """Whisper's prompt for audio from `start_s` on: the committed words before it."""
+    return join_words([w for w in agreement.committed if w.end <= start_s]) or None

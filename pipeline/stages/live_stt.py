@@ -97,17 +97,16 @@ class LiveTranscript:
         self.paused = paused  # True while the agent answers: no passes (the audio is still kept)
         self.transcriber = new_transcriber()
         self._fed = 0  # samples of the endpointer's current piece already given to the transcriber
-        self._samples = 0  # samples of the turn so far (all its pieces)
         self._interval_pass: asyncio.Task | None = None  # every interval_s while speaking
         self._now_pass: asyncio.Task | None = None  # when the caller falls silent (beside the other)
 
     @property
     def busy(self) -> bool:
-        return any(t is not None and not t.done() for t in (self._interval_pass, self._now_pass))
+        return _running(self._interval_pass) or _running(self._now_pass)
 
     async def settle(self) -> None:
         """Until no pass runs."""
-        running = [t for t in (self._interval_pass, self._now_pass) if t is not None and not t.done()]
+        running = [t for t in (self._interval_pass, self._now_pass) if _running(t)]
         if running:
             await asyncio.wait(running)
 
@@ -117,7 +116,6 @@ class LiveTranscript:
         if new.size:
             self.transcriber.append(new)
             self._fed += new.size
-            self._samples += new.size
             self._maybe_pass(t)
         elif endpointer.trailing_silence_s * 1000 >= endpointer.config.post_roll_ms:
             # The caller fell silent: all the voiced audio is in (it ends post-roll after the
@@ -128,23 +126,16 @@ class LiveTranscript:
     def piece_ended(self, ended: SpeechEnded) -> None:
         """A piece of speech ended: the rest of its audio joins the turn."""
         rest = ended.audio[self._fed:]
-        if rest.size:
-            self.transcriber.append(rest)
-            self._samples += rest.size
+        self.transcriber.append(rest)
         self._fed = 0
         self._maybe_pass(ended.declared_t, now=True)
 
     def claim(self, end: TurnEnd) -> TurnTranscript:
         """The turn ended: hand it this transcriber (checked against its audio) and start
         a new one for the next turn."""
-        transcriber, samples = self.transcriber, self._samples
-        self.transcriber, self._fed, self._samples = self.new_transcriber(), 0, 0
-        audio = end.utterance.audio
-        mismatch = None
-        if samples != len(audio):
-            mismatch = f"streamed {samples} samples, the turn has {len(audio)}"
-        elif not np.array_equal(transcriber.buffered_audio(), audio):
-            mismatch = "streamed audio differs from the turn's"
+        transcriber = self.transcriber
+        self.transcriber, self._fed = self.new_transcriber(), 0
+        mismatch = _mismatch(transcriber, end.utterance.audio)
         if mismatch is not None:
             log.warning("streaming STT: %s; transcribing the whole utterance", mismatch)
             transcriber.reset()
@@ -157,17 +148,12 @@ class LiveTranscript:
         transcribed now (TurnTaker asks this beside the end-of-turn model). None when the
         streamed audio is not `audio` (the caller then transcribes as usual)."""
         transcriber = self.transcriber
-        if self._samples != len(audio) or not np.array_equal(transcriber.buffered_audio(), audio):
-            log.warning("streaming STT: the pause's audio is not the streamed audio; no pause transcript")
+        if (mismatch := _mismatch(transcriber, audio)) is not None:
+            log.warning("streaming STT at a pause: %s; no pause transcript", mismatch)
             return None
         text, tail_s, compute_s = await transcriber.peek_async(self.executor)
         self.emit("transcript_pause", text=text, tail_s=round(tail_s, 4), compute_s=round(compute_s, 4))
         return text
-
-    def reset(self) -> None:
-        """Drop the turn in progress (the caller hung up)."""
-        self.transcriber.reset()
-        self._fed = self._samples = 0
 
     async def close(self) -> None:
         tasks = [t for t in (self._interval_pass, self._now_pass) if t is not None]
@@ -197,6 +183,15 @@ class LiveTranscript:
             return
         for e in events:
             self.emit(_event_kind(e), text=e.text, new=e.new, at=e.at)
+
+
+def _mismatch(transcriber: StreamingTranscriber, audio: np.ndarray) -> str | None:
+    """Why the streamed audio is not `audio` (None: it is, sample for sample)."""
+    if transcriber.samples != len(audio):
+        return f"streamed {transcriber.samples} samples, the turn has {len(audio)}"
+    if not np.array_equal(transcriber.buffered_audio(), audio):
+        return "streamed audio differs from the turn's"
+    return None
 
 
 def _event_kind(event: TranscriptEvent) -> str:
