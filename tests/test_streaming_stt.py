@@ -315,12 +315,13 @@ async def test_the_silence_pass_runs_beside_a_slow_interval_pass_which_then_coun
     import asyncio
     import threading
 
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
 
     class FirstBlocks(Scripted):
         def words(self, audio, prompt=None):
             if not self.calls:  # the interval pass: held until the silence pass is done
                 self.calls.append((audio.size / STT_RATE, prompt))
+                started.set()
                 release.wait(30)
                 return hyp("one")
             return super().words(audio, prompt)
@@ -331,11 +332,7 @@ async def test_the_silence_pass_runs_beside_a_slow_interval_pass_which_then_coun
     for pcm, t in chunk[:5]:
         assert await stream.feed_async(pcm, t) == []  # not due yet
     interval = asyncio.ensure_future(stream.feed_async(*chunk[5]))  # due: the interval pass
-    for _ in range(3000):
-        if recognizer.calls:
-            break
-        await asyncio.sleep(0.01)  # the interval pass is running (and blocked)
-    assert recognizer.calls
+    assert await asyncio.to_thread(started.wait, 30)  # the interval pass is running (and blocked)
     for pcm, t in chunk[6:]:
         stream.append(pcm)
     await stream.pass_now_async(1.0)  # not queued behind the blocked pass
