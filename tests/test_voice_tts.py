@@ -93,6 +93,16 @@ def test_empty_text_gives_no_audio(piper):
     assert list(piper.synthesize("   ")) == []
 
 
+def test_without_noise_the_same_text_gives_the_same_samples():
+    """noise_scale = noise_w_scale = 0 turns off Piper's sampling: tests that score speech
+    (Smart Turn) need one figure, not a draw."""
+    engine = PiperTTS(require_model("piper-joe-medium") / "en_US-joe-medium.onnx", noise_scale=0.0, noise_w_scale=0.0)
+    first, rate = speak(engine, "I would like to book a cleaning and a checkup.")
+    second, _ = speak(engine, "I would like to book a cleaning and a checkup.")
+    assert first.size > rate  # over a second of speech
+    np.testing.assert_array_equal(first, second)
+
+
 def test_split_clauses_streams_earlier_chunks(piper):
     text = "Thank you for waiting on the line, your table for four is booked for Friday at eight in the evening."
     assert len(split_clauses(text)) == 2

@@ -88,7 +88,10 @@ class PiperTTS:
 
     def __init__(self, onnx_path: str | Path, config_path: str | Path | None = None,
                  length_scale: float | None = None, normalize: bool = True,
-                 split_clauses: bool = False, threads: int = 0):
+                 split_clauses: bool = False, threads: int = 0,
+                 noise_scale: float | None = None, noise_w_scale: float | None = None):
+        # noise_scale / noise_w_scale: Piper samples its voice and phoneme lengths (None keeps the
+        # voice's own values); 0 and 0 make it deterministic, same text, same samples.
         self.onnx_path, self.config_path = check_piper_files(onnx_path, config_path)
         self.normalize = normalize
         self.split_clauses = split_clauses
@@ -109,7 +112,8 @@ class PiperTTS:
             self.voice.session = ort.InferenceSession(str(self.onnx_path), sess_options=opts,
                                                       providers=["CPUExecutionProvider"])
         self.sample_rate = int(self.voice.config.sample_rate)
-        self._syn_config = SynthesisConfig(length_scale=length_scale)
+        self._syn_config = SynthesisConfig(length_scale=length_scale, noise_scale=noise_scale,
+                                           noise_w_scale=noise_w_scale)
         # One ONNX session, many callers: serialise so two calls never interleave phonemizer state.
         self._lock = threading.Lock()
 
