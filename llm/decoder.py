@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import torch
 
 from llm.detokenize import IncrementalDetokenizer
-from llm.drafters import Drafter, Proposal, common_prefix
+from llm.drafters import Drafter, DraftSteps, Proposal, common_prefix
 from llm.gamma import GammaController, Load
 from llm.model import KVCache, Segment, Transformer, forward, new_cache
 from llm.sampling import choose, verify_greedy, verify_sampled, warp
-from llm.scheduler import Piece, SoloRunner
+from llm.scheduler import Piece, PieceSteps, SoloRunner
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 
@@ -50,13 +50,15 @@ def prefill(model: Transformer, seq: Sequence, prompt: list[int]) -> tuple[torch
     return logits, len(prompt) - keep
 
 
-def draft(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int, params: SamplingParams) -> Proposal:
+def draft_steps(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int,
+                params: SamplingParams) -> DraftSteps:
     """Ask the drafters for at most `limit` tokens and keep the offer worth most tokens/s.
 
     N-gram lookup tells its offer for free, so it is looked up first; a draft model,
     whose cost grows with every token, runs only for the gamma the controller picks
     and only if its expected rate beats the free offer. With a fixed gamma the first
-    drafter with an offer wins."""
+    drafter with an offer wins. A generator: the draft model's forwards are yielded
+    (llm.drafters.DraftStep), so the engine thread can batch them across conversations."""
     offers: list[tuple[float, Proposal | None, Drafter | None, int]] = []
     for d in drafters:
         if d.name == "ngram":
@@ -74,7 +76,12 @@ def draft(drafters: list[Drafter], controller: GammaController, context: list[in
     if controller.fixed is None:
         offers.sort(key=lambda o: o[0], reverse=True)
     _, proposal, drafter, g = offers[0]
-    return proposal if proposal is not None else drafter.propose(context, g, params)
+    if proposal is not None:
+        return proposal
+    steps = getattr(drafter, "propose_steps", None)
+    if steps is None:  # a drafter that runs its own forwards
+        return drafter.propose(context, g, params)
+    return (yield from steps(context, g, params))
 
 
 @dataclass
@@ -191,10 +198,14 @@ def speculative_stream(
         box: dict = {}
 
         # Called by the runner before it returns, within this iteration (defaults bind the values).
-        def prepare(load: Load, box=box, limit=limit, pending=pending, base=base) -> Piece:
+        def prepare(load: Load, box=box, limit=limit, pending=pending, base=base) -> PieceSteps:
+            # A generator: it yields the draft model's forwards (batched with the other
+            # conversations' on the engine thread) and returns the target's rows.
             controller.load = load
             t0 = clock()
-            proposal = draft(drafters, controller, context, limit, params) if limit > 0 and drafters else Proposal([])
+            proposal = Proposal([])
+            if limit > 0 and drafters:
+                proposal = yield from draft_steps(drafters, controller, context, limit, params)
             box["draft_s"] = clock() - t0
             box["proposal"] = proposal
             rows = torch.tensor([pending] + proposal.tokens, dtype=torch.long, device=target.device)

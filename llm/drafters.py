@@ -12,13 +12,14 @@ drafter may.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from llm.cuda_graphs import synchronize
-from llm.model import KVCache, Transformer, forward, new_cache
+from llm.model import KVCache, Segment, Transformer, forward, new_cache
 from llm.sampling import warp
 from llm.types import SamplingParams
 
@@ -45,6 +46,33 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """One forward a drafter needs: `segment`'s tokens through `model` (its own cache)."""
+
+    model: Transformer
+    segment: Segment
+
+
+# A drafter's proposal as a generator: yields DraftSteps, is sent (logits, seconds) for each,
+# returns the Proposal.
+DraftSteps = Generator[DraftStep, tuple[torch.Tensor, float], Proposal]
+
+
+def run_draft_steps(steps: DraftSteps) -> Proposal:
+    """Run a proposal's steps here, one forward each (no other conversation to batch with)."""
+    try:
+        step = next(steps)
+        while True:
+            seg = step.segment
+            t0 = time.perf_counter()
+            logits = forward(step.model, seg.cache, seg.tokens, seg.start, seg.all_logits)
+            synchronize(step.model.device)  # on CUDA the clock must wait for the kernels
+            step = steps.send((logits, time.perf_counter() - t0))
+    except StopIteration as done:
+        return done.value
 
 
 @dataclass
@@ -112,26 +140,26 @@ class ModelDrafter:
         # is part of what drafting costs; a prompt-sized catch-up is prefill, not counted.
         self.max_catch_up = 16
 
-    def _logits_after(self, context: list[int]) -> torch.Tensor:
-        keep = common_prefix(self.tokens, context)
-        keep = min(keep, len(context) - 1)  # always run at least one token to get logits
-        todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
-        t0 = time.perf_counter()
-        logits = forward(self.model, self.cache, todo, keep, all_logits=False)[-1]
-        synchronize(self.model.device)  # on CUDA the clock must wait for the kernels
-        self.sync_s = time.perf_counter() - t0 if len(todo) <= self.max_catch_up else 0.0
-        self.tokens = list(context)
-        return logits
-
-    def _observe_step(self, seconds: float) -> None:
-        self.step_s = seconds if self.step_s == 0 else 0.8 * self.step_s + 0.2 * seconds
-
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
+        return run_draft_steps(self.propose_steps(context, k, params))
+
+    def propose_steps(self, context: list[int], k: int, params: SamplingParams) -> DraftSteps:
+        """`propose` as a generator of forward steps: it yields each step it needs from the
+        draft model (a `DraftStep`) and is sent back `(logits, seconds)`. The engine thread
+        runs the same step of every conversation drafting in a round as ONE batched forward
+        (llm.scheduler); `propose` runs them here, one at a time."""
         if k <= 0:
             return Proposal([], None, self.name, 0.0)
+        # Re-sync: keep the longest common prefix with the cache; always run at least one
+        # token to get logits.
+        keep = min(common_prefix(self.tokens, context), len(context) - 1)
+        todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
+        logits, seconds = yield DraftStep(self.model, Segment(self.cache, todo, keep, all_logits=False))
+        self.sync_s = seconds if len(todo) <= self.max_catch_up else 0.0
+        self.tokens = list(context)
+        logits = logits[-1]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
-        logits = self._logits_after(context)
         for i in range(k):
             if params.greedy:
                 token = int(torch.argmax(logits))
@@ -141,11 +169,10 @@ class ModelDrafter:
                 rows.append(probs)
             tokens.append(token)
             if i + 1 < k:
-                pos = len(self.tokens)
-                t0 = time.perf_counter()
-                logits = forward(self.model, self.cache, torch.tensor([token], device=self.model.device), pos)[-1]
-                synchronize(self.model.device)
-                self._observe_step(time.perf_counter() - t0)
+                one = torch.tensor([token], device=self.model.device)
+                logits, seconds = yield DraftStep(self.model, Segment(self.cache, one, len(self.tokens), all_logits=False))
+                logits = logits[-1]
+                self._observe_step(seconds)
                 self.tokens.append(token)
         probs = None
         if rows:
@@ -155,6 +182,9 @@ class ModelDrafter:
             probs = probs[:, : self.target_vocab]
         cost = self.sync_s + self.step_s * (k - 1) if self.sync_s else self.step_s * k
         return Proposal(tokens, probs, self.name, cost)
+
+    def _observe_step(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s == 0 else 0.8 * self.step_s + 0.2 * seconds
 
     def accepted(self, n: int) -> None:
         pass

@@ -113,6 +113,7 @@ class SpeculativeEngine:
     # conversations' next passes after the last one woke them.
     batched: bool = True
     gather_s: float = 0.002
+    batch_drafts: bool = True  # the draft model's steps batched across conversations too
     _scheduler: PassScheduler | None = field(default=None, init=False, repr=False, compare=False)
     _scheduler_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -121,7 +122,7 @@ class SpeculativeEngine:
         """The engine thread (started at the first pass; stopped by close() or with the engine)."""
         with self._scheduler_lock:
             if self._scheduler is None:
-                self._scheduler = PassScheduler(self.lock, self.gather_s, self.batched)
+                self._scheduler = PassScheduler(self.lock, self.gather_s, self.batched, self.batch_drafts)
                 weakref.finalize(self, self._scheduler.close)
             return self._scheduler
 

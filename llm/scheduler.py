@@ -5,10 +5,13 @@
 
 A conversation's pass is two callbacks, both run on the engine thread:
 
-- `prepare(load) -> Piece`: draft (the draft model runs here too) and name the rows the
-  target must run: `Piece(model, Segment(cache, tokens, start, all_logits))`. `load` tells
-  it what the other conversations of this pass bring (`llm.gamma.Load`), so it can
-  choose its gamma for the batch it is in.
+- `prepare(load) -> Piece`: draft and name the rows the target must run:
+  `Piece(model, Segment(cache, tokens, start, all_logits))`. `load` tells it what the
+  other conversations of this pass bring (`llm.gamma.Load`), so it can choose its gamma
+  for the batch it is in. `prepare` may be a generator that yields the draft model's
+  forwards (`llm.drafters.DraftStep`), is sent `(logits, seconds)` for each, and returns
+  the Piece: the same step of every conversation drafting in the round runs as one
+  batched forward of the draft model, as the target's rows do.
 - `finish(logits) -> result`: the verdict from this conversation's rows of logits.
 
 The loop takes every pass waiting at that moment (and, for up to `gather_s`, waits for
@@ -24,10 +27,11 @@ Each round holds the engine's pass lock (a FIFO lock; tests wrap it to pace pass
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 
 from llm.cuda_graphs import synchronize
+from llm.drafters import DraftStep, run_draft_steps
 from llm.gamma import Load
 from llm.model import Segment, Transformer, forward, forward_many
 
@@ -52,6 +57,15 @@ class Piece:
     draft_s: float = 0.0
 
 
+# A prepare that drafts with a model: yields its DraftSteps, returns the Piece (or None).
+PieceSteps = Generator[DraftStep, tuple[torch.Tensor, float], "Piece | None"]
+
+
+def _run_here(out: Piece | None | PieceSteps) -> Piece | None:
+    """A prepare's result with any draft steps run on this thread, one forward each."""
+    return run_draft_steps(out) if inspect.isgenerator(out) else out
+
+
 @dataclass(frozen=True)
 class PassInfo:
     """The target pass a conversation's rows ran in."""
@@ -63,7 +77,7 @@ class PassInfo:
 
 @dataclass
 class _Work:
-    prepare: Callable[[Load], Piece | None]
+    prepare: Callable[[Load], Piece | None | PieceSteps]
     finish: Callable[[torch.Tensor], Any]
     hint: Load  # what this conversation brought to its last pass (before it prepares this one)
     done: threading.Event = field(default_factory=threading.Event)
@@ -71,6 +85,8 @@ class _Work:
     info: PassInfo | None = None
     error: BaseException | None = None
     piece: Piece | None = None
+    steps: PieceSteps | None = None  # a prepare still drafting
+    step: DraftStep | None = None  # the draft forward it waits for
 
 
 class SoloRunner:
@@ -81,7 +97,7 @@ class SoloRunner:
 
     def run(self, prepare, finish, hint: Load | None = None):
         with self.lock:
-            piece = prepare(Load())
+            piece = _run_here(prepare(Load()))
             seg = piece.segment
             t0 = time.perf_counter()
             logits = forward(piece.model, seg.cache, seg.tokens, seg.start, seg.all_logits)
@@ -93,10 +109,13 @@ class SoloRunner:
 class PassScheduler:
     """The engine thread: batches the passes of all conversations (see the module doc)."""
 
-    def __init__(self, lock=None, gather_s: float = 0.002, batched: bool = True):
+    def __init__(self, lock=None, gather_s: float = 0.002, batched: bool = True, batch_drafts: bool = True):
         self.lock = lock if lock is not None else threading.Lock()
         self.gather_s = gather_s
         self.batched = batched
+        # The draft model's steps of a round batched too (off: one conversation's at a time,
+        # for measuring what batching them brings).
+        self.batch_drafts = batched and batch_drafts
         self._cond = threading.Condition()
         self._queue: list[_Work] = []
         self._active = 0
@@ -108,6 +127,8 @@ class PassScheduler:
         self.batched_passes = 0  # forwards that carried the rows of 2+ conversations
         self.max_conversations = 0  # most conversations in one forward
         self.rows = 0  # target rows run, all passes
+        self.draft_passes = 0  # draft-model forwards run by the engine thread
+        self.batched_draft_passes = 0  # of those, forwards that carried 2+ conversations' steps
 
     # ---- conversations' side -------------------------------------------------------------
     @contextmanager
@@ -201,58 +222,124 @@ class PassScheduler:
     def _round(self, works: list[_Work]) -> None:
         self.rounds += 1
         prepared: list[_Work] = []
-        for i, w in enumerate(works):
-            others = [o for o in works if o is not w]
-            rows = tokens = draft_s = 0.0
-            for o in others:
-                if o.piece is not None:  # prepared already: what it really brings
-                    rows += o.piece.segment.tokens.shape[0]
-                    tokens += o.piece.expected_tokens
-                    draft_s += o.piece.draft_s
-                else:
-                    rows += o.hint.rows
-                    tokens += o.hint.tokens
-                    draft_s += o.hint.draft_s
+        for w in works:
             try:
-                w.piece = w.prepare(Load(int(rows), tokens, draft_s))
+                out = w.prepare(self._load(w, works))
             except BaseException as e:  # noqa: BLE001 - handed to the conversation that caused it
-                w.error = e
-                w.done.set()
+                self._fail([w], e)
                 continue
-            if w.piece is None:  # a job with no target rows
-                w.done.set()
+            if inspect.isgenerator(out):
+                w.steps = out
+                self._advance(w, None, prepared)
+            else:
+                self._prepared(w, out, prepared)
+        # Conversations drafting with a model: step k of each runs as one batched forward.
+        while drafting := [w for w in works if w.step is not None]:
+            for group in self._groups(drafting, lambda w: w.step, self.batch_drafts):
+                self._draft_pass(group, prepared)
+        for group in self._groups(prepared, lambda w: w.piece, self.batched):
+            self._pass(group)
+
+    @staticmethod
+    def _load(w: _Work, works: list[_Work]) -> Load:
+        """What the other conversations of the round bring to w's pass: their rows, the
+        tokens they expect and their drafting time. The drafting times are summed even
+        where the draft steps run batched (then the phase lasts about the longest): an
+        over-estimate, on the side of less speculation. Counting only the longest (each
+        conversation then sees the others' drafts as free time for its own) was tried and
+        measured no better in `bench batch` at 4 calls (README)."""
+        rows = tokens = draft_s = 0.0
+        for o in works:
+            if o is w:
                 continue
+            if o.piece is not None:  # prepared already: what it really brings
+                rows += o.piece.segment.tokens.shape[0]
+                tokens += o.piece.expected_tokens
+                draft_s += o.piece.draft_s
+            else:
+                rows += o.hint.rows
+                tokens += o.hint.tokens
+                draft_s += o.hint.draft_s
+        return Load(int(rows), tokens, draft_s)
+
+    def _advance(self, w: _Work, sent, prepared: list[_Work]) -> None:
+        """Run w's prepare to its next draft step (or to its Piece)."""
+        try:
+            w.step = w.steps.send(sent)
+        except StopIteration as done:
+            w.steps = w.step = None
+            self._prepared(w, done.value, prepared)
+        except BaseException as e:  # noqa: BLE001
+            w.steps = w.step = None
+            self._fail([w], e)
+
+    def _prepared(self, w: _Work, piece: Piece | None, prepared: list[_Work]) -> None:
+        w.piece = piece
+        if piece is None:  # a job with no target rows
+            w.done.set()
+        else:
             prepared.append(w)
+
+    @staticmethod
+    def _fail(group: list[_Work], e: BaseException) -> None:
+        for w in group:
+            w.error = e
+            w.done.set()
+
+    @staticmethod
+    def _groups(works: list[_Work], part, batched: bool) -> list[list[_Work]]:
+        """Works whose rows can share one forward: the same model, dynamic caches (a
+        fixed-width cache runs its own step, alone), and batching on."""
         groups: list[list[_Work]] = []
-        for w in prepared:
-            alone = not self.batched or w.piece.segment.cache.steps is not None
+        for w in works:
+            p = part(w)
+            alone = not batched or p.segment.cache.steps is not None
             for g in groups:
-                if not alone and g[0].piece.model is w.piece.model and g[0].piece.segment.cache.steps is None:
+                q = part(g[0])
+                if not alone and q.model is p.model and q.segment.cache.steps is None:
                     g.append(w)
                     break
             else:
                 groups.append([w])
-        for g in groups:
-            self._pass(g)
+        return groups
+
+    def _draft_pass(self, group: list[_Work], prepared: list[_Work]) -> None:
+        segs = [w.step.segment for w in group]
+        try:
+            logits, seconds = self._forward(group[0].step.model, segs)
+        except BaseException as e:  # noqa: BLE001
+            for w in group:
+                w.steps = w.step = None
+            self._fail(group, e)
+            return
+        self.draft_passes += 1
+        if len(segs) > 1:
+            self.batched_draft_passes += 1
+        for w, out in zip(group, logits):
+            self._advance(w, (out, seconds), prepared)
+
+    @staticmethod
+    def _forward(model: Transformer, segs: list[Segment]) -> tuple[list[torch.Tensor], float]:
+        """One forward over the segments' rows (linears batched, attention per segment)."""
+        t0 = time.perf_counter()
+        if len(segs) == 1:
+            s = segs[0]
+            logits = [forward(model, s.cache, s.tokens, s.start, s.all_logits)]
+        else:
+            logits = forward_many(model, segs)
+        synchronize(model.device)
+        return logits, time.perf_counter() - t0
 
     def _pass(self, group: list[_Work]) -> None:
         model = group[0].piece.model
         segs = [w.piece.segment for w in group]
         rows = sum(int(s.tokens.shape[0]) for s in segs)
         try:
-            t0 = time.perf_counter()
-            if len(segs) == 1:
-                s = segs[0]
-                logits = [forward(model, s.cache, s.tokens, s.start, s.all_logits)]
-            else:
-                logits = forward_many(model, segs)
-            synchronize(model.device)
-            info = PassInfo(time.perf_counter() - t0, rows, len(segs))
+            logits, seconds = self._forward(model, segs)
         except BaseException as e:  # noqa: BLE001
-            for w in group:
-                w.error = e
-                w.done.set()
+            self._fail(group, e)
             return
+        info = PassInfo(seconds, rows, len(segs))
         self.passes += 1
         self.rows += rows
         self.max_conversations = max(self.max_conversations, len(segs))

@@ -127,6 +127,8 @@ def test_concurrent_conversations_equal_each_alone(tiny_models, case, sampled):
     sched = eng.scheduler
     assert sched.batched_passes - before >= 3, "the conversations never shared a target pass"
     assert sched.max_conversations >= 3
+    if drafter == "model":  # every pass drafts with the model: their steps share forwards too
+        assert sched.batched_draft_passes >= 3, "the draft model's steps were never batched"
     eng.close()
 
 
@@ -216,6 +218,51 @@ def test_a_failing_conversation_does_not_disturb_the_others(tiny_models):
     assert result["good"] == solo
 
 
+def test_a_draft_model_failing_mid_draft_does_not_disturb_the_others(tiny_models):
+    """A draft model that raises after its first batched step: that conversation gets the
+    error; the other, drafting with the real draft model in the same rounds, is unchanged."""
+    eng = load(tiny_models["target"], tiny_models["draft"], "model", 3, gather_s=20.0)
+    solo = alone(eng, 0, False)
+    bad = eng.new_conversation()
+    real = bad.drafters[0]
+
+    class BreaksAfterOneStep:
+        name = "model"
+
+        def propose_steps(self, context, k, params):
+            yield next(real.propose_steps(context, k, params))  # its first step runs, batched
+            raise RuntimeError("draft model broke")
+
+        def propose(self, context, k, params):
+            raise AssertionError("the engine thread drives propose_steps")
+
+        def accepted(self, n):
+            pass
+
+    bad.drafters = [BreaksAfterOneStep()]
+    both = threading.Barrier(2)
+    result = {}
+
+    def good():
+        both.wait(10)
+        result["good"] = [t for g in eng.stream(eng.encode(PROMPTS[0]), params_for(0, False)) for t in g.token_ids]
+
+    def broken():
+        both.wait(10)
+        try:
+            list(eng.stream(eng.encode(PROMPTS[2]), params_for(2, False), bad))
+        except RuntimeError as e:
+            result["error"] = str(e)
+
+    threads = [threading.Thread(target=good), threading.Thread(target=broken)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert result["error"] == "draft model broke"
+    assert result["good"] == solo
+
+
 def test_fixed_width_conversations_run_alone_and_stay_exact(tiny_models):
     """The fixed-width path (CUDA's, here eager on CPU) is not batched across calls: each
     conversation's step runs alone on the engine thread, and stays exact."""
@@ -278,3 +325,4 @@ def test_chosen_gamma_never_slows_the_batch_below_gamma0(rows, per_row):
     g = c.choose("ngram3", 8)
     assert aggregate(c, g, load) >= aggregate(c, 0, load)
     assert aggregate(c, g, load) == pytest.approx(max(aggregate(c, k, load) for k in range(9)))
+

@@ -24,8 +24,10 @@ for each N in --calls and each mode:
                for the batch it is in)
 
 and each way of serving them (--serve): `batched`, the engine thread runs the rows of all
-waiting conversations as one target forward; `serial`, the same thread runs one
-conversation's pass at a time. Per run: wall time, aggregate tokens/s (all tokens over
+waiting conversations as one target forward, and the draft model's steps (with a config
+whose drafter is "model" or "hybrid") as one draft forward each; `serial`, the same
+thread runs one conversation's pass at a time; `drafts_apart`, target rows batched but
+each conversation's draft steps run on their own (what batching the draft brings). Per run: wall time, aggregate tokens/s (all tokens over
 the wall time), per-call tokens/s (median), target passes, conversations and rows per
 pass, and the aggregate tokens/s while every call is decoding (prefills excluded). Then
 the cost of one target forward by conversations x rows (1x1, 4x1, 4x9, ...). Every
@@ -34,18 +36,19 @@ identical; a mismatch is reported, never hidden).
 
   specvoice bench batch --calls 1 2 4 --out batch.json
   specvoice bench batch --calls 4 --modes spec --serve batched --max-new-tokens 32
+  specvoice bench batch --config draft.toml --modes spec --serve batched,drafts_apart
 """
 
 DIALOGUES = Path(__file__).resolve().parent.parent / "data" / "dialogues.json"
 MODES = ("gamma0", "spec")
-SERVES = ("batched", "serial")
+SERVES = ("batched", "serial", "drafts_apart")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="config name or TOML file (models, drafter, device, dtype)")
     p.add_argument("--calls", type=int, nargs="+", default=[1, 2, 4], help="concurrent conversations per level (default 1 2 4)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--serve", default=",".join(SERVES), help=f"comma-separated subset of {','.join(SERVES)}")
+    p.add_argument("--serve", default="batched,serial", help=f"comma-separated subset of {','.join(SERVES)} (default: batched,serial)")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the config's, else all cores)")
     p.add_argument("--dialogues", type=Path, default=DIALOGUES)
@@ -184,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
         for mode in modes:
             for serve in serves:
                 engine.close()
-                engine.batched = serve == "batched"
+                engine.batched = serve in ("batched", "drafts_apart")
+                engine.batch_drafts = serve == "batched"
                 engine.drafter, engine.gamma = settings[mode]
                 engine.learned = None
                 r = run_level(engine, prompts[:n], args.max_new_tokens)
