@@ -9,6 +9,7 @@ from conftest import require_model
 
 from demo.bench.load import heap_stats, slope_per_min
 from demo.cli import main
+from pipeline.timeline import V2V_PARTS
 
 
 def test_slope_per_min_is_least_squares_per_minute():
@@ -52,5 +53,10 @@ def test_short_soak_completes_every_call_and_loses_no_report(tmp_path):
     assert s["completed"] == s["calls"] and s["reports_lost"] == 0 and s["mixed"] == 0
     assert s["turns_answered"] == s["turns"]
     assert all(r["extra_refused"] == [503] for r in s["rounds_detail"])
+    # Where voice-to-voice went: every span of it measured on the answered turns.
+    for r in s["rounds_detail"]:
+        parts = r["v2v_parts_p50_s"]
+        assert set(parts) == set(V2V_PARTS)
+        assert parts["stt_latency"] > 0 and parts["first_sentence_latency"] > 0 and parts["tts_first_audio"] > 0
     if s["rounds"] >= 2:
         assert {"python_blocks", "gc_objects"} <= set(s["heap_first_last"])

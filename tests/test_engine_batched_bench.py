@@ -27,6 +27,13 @@ def test_run_level_counts_and_matches_alone(tiny_models):
     firsts = [c["first_sentence_s"] for c in r["calls"]]
     assert all(f is not None and 0 < f <= c["seconds"] for f, c in zip(firsts, r["calls"]))
     assert min(firsts) <= r["first_sentence_s_p50"] <= r["first_sentence_s_p90"] <= max(firsts)
+    # Prompts read before the clock: the same tokens, every call decoding from the start, so
+    # the decoding window is most of the run and the prompts' rows are not in it.
+    eng.close()
+    first = batch.run_level(eng, prompts, 12, prefill_first=True)
+    assert [c["ids"] for c in first["calls"]] == alone
+    assert first["rows_per_pass"] < r["rows_per_pass"]
+    assert first["decode_window_s"] > 0 and first["decode_aggregate_tokens_per_s"] > 0
     costs = batch.pass_costs(eng.target.model, shapes=((1, 1), (3, 2)), context=20, repeats=1)
     assert set(costs) == {"1x1", "3x2"} and all(v > 0 for v in costs.values())
 

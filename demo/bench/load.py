@@ -259,6 +259,7 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
 
     from demo.caller import SimulatedCaller
     from pipeline.report import load_report
+    from pipeline.timeline import V2V_PARTS
 
     own = server is None
     if own:
@@ -312,6 +313,8 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
     completed = turns_answered = frames_out = frames_in = mixed = reports_missing = 0
     v2v_server: list[float] = []
     v2v_caller: list[float] = []
+    # The spans voice_to_voice is the sum of, to see which stage grows with N.
+    parts: dict[str, list[float]] = {part: [] for part in V2V_PARTS}
     name_heard = 0
     failures: list[str] = []
     for i, (caller, task) in enumerate(zip(callers, tasks)):
@@ -338,6 +341,10 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
             name_heard += 1
         v2v_server += [t["metrics"]["voice_to_voice"] for t in data["turns"]
                        if t["metrics"].get("voice_to_voice") is not None]
+        for t in data["turns"]:
+            for part in V2V_PARTS:
+                if t["metrics"].get(part) is not None:
+                    parts[part].append(t["metrics"][part])
         ok = (task.done() and not task.cancelled() and task.exception() is None
               and len(answered) == len(caller.lines) and len(data["turns"]) == len(caller.lines)
               and data["end_reason"] == "caller_hangup" and not data.get("error"))
@@ -367,6 +374,8 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
         "v2v_p95_s": _pct(v2v_server, 0.95),
         "v2v_caller_p50_s": _pct(v2v_caller, 0.5),
         "v2v_caller_p95_s": _pct(v2v_caller, 0.95),
+        "v2v_parts_p50_s": {part: _pct(values, 0.5) for part, values in parts.items()},
+        "v2v_parts_p95_s": {part: _pct(values, 0.95) for part, values in parts.items()},
         "peak_rss_mb": round(peak, 1),
         "mixed": mixed,
         "own_name_in_transcript": name_heard,
@@ -397,6 +406,10 @@ def print_table(levels: list[dict]) -> None:
               f"{lv['peak_rss_mb']:>7.0f}MB {lv['mixed']:>5} {extra:>8} {'yes' if lv.get('held') else 'no'}")
     print("(v2v in ms: server report p50/p95, caller side p95; late = outbound gaps > 40 ms; "
           "extra = HTTP status of the callers over the limit)")
+    print("\nwhere voice-to-voice went, p50 ms of each span (per turn the spans add up to voice-to-voice):")
+    for lv in levels:
+        parts = lv.get("v2v_parts_p50_s") or {}
+        print(f"{lv['calls']:>3}  " + "  ".join(f"{name} {_ms(value)}" for name, value in parts.items()))
 
 
 def judge(levels: list[dict]) -> int | None:
@@ -434,7 +447,8 @@ async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str
         if warm_t is None:
             warm_t = time.monotonic()  # after one round: caches, pools and allocator arenas are warm
         rounds.append({k: lv[k] for k in ("completed", "calls", "turns_answered", "turns", "mixed", "late_frames",
-                                          "v2v_p50_s", "v2v_p95_s", "reports_missing", "extra_refused", "failures")})
+                                          "v2v_p50_s", "v2v_p95_s", "v2v_parts_p50_s", "reports_missing",
+                                          "extra_refused", "failures")})
         h = heap[-1][1]
         malloc = f", malloc in use {h['malloc_in_use_mb']:.0f} of {h['malloc_held_mb']:.0f} MB" if "malloc_held_mb" in h else ""
         print(f"  soak round {len(rounds)}: {lv['completed']}/{lv['calls']} complete, "
