@@ -165,7 +165,8 @@ class AgentModels:
         stt = WhisperSTT(resolve_model(config.stt.model), device=config.stt.device,
                          compute_type=config.stt.compute_type, beam_size=config.stt.beam_size,
                          language=config.stt.language, cpu_threads=stt_threads,
-                         initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords)
+                         initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords,
+                         workers=config.stt.workers)
         times["stt"] = time.perf_counter() - t
         t = time.perf_counter()
         if config.tts.engine == "piper":

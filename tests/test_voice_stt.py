@@ -120,6 +120,30 @@ def test_int16_input_is_accepted(tiny, clips):
     assert wer([ref], [tiny.transcribe(pcm16)]) < 0.34
 
 
+def test_two_workers_transcribe_two_calls_at_once_with_the_same_text(clips):
+    """stt.workers = 2: two calls' utterances go through Whisper side by side (two model
+    workers), each transcript the same as when it is transcribed alone."""
+    import threading
+
+    stt = WhisperSTT(require_model("whisper-tiny.en"), cpu_threads=1, workers=2)
+    assert stt.model.model.num_workers == 2
+    audios = [clips[0][0], clips[2][0]]
+    alone = [stt.transcribe(a) for a in audios]
+    together: list[str | None] = [None, None]
+    start = threading.Barrier(2)
+
+    def run(i: int) -> None:
+        start.wait(30)
+        together[i] = stt.transcribe(audios[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert together == alone and all(alone)
+
+
 async def test_transcribe_async_leaves_the_event_loop_free(tiny, clips):
     audio, ref = clips[2]  # the longest clip
     ticks = 0

@@ -157,7 +157,10 @@ class WhisperSTT:
         vad_filter: bool = False,
         initial_prompt: str | None = None,
         hotwords: str | None = None,
+        workers: int = 1,
     ):
+        """workers: transcriptions that may run at once from different threads (faster-whisper's
+        num_workers; each uses cpu_threads); with 1 they queue."""
         self.model_path = check_whisper_dir(model_path)
         # Default conditioning text for every utterance (see WhisperPrompt); None: none.
         self.initial_prompt = initial_prompt or None
@@ -172,7 +175,8 @@ class WhisperSTT:
 
         threads = cpu_threads or min(4, os.cpu_count() or 1)
         try:
-            self.model = WhisperModel(str(self.model_path), device=device, compute_type=compute_type, cpu_threads=threads)
+            self.model = WhisperModel(str(self.model_path), device=device, compute_type=compute_type, cpu_threads=threads,
+                                      num_workers=workers)
         except Exception as exc:  # ctranslate2 raises RuntimeError/ValueError with terse text
             bad = self.model_path / "model.bin"
             raise ModelLoadError(

@@ -87,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=2, help="caller lines per call (default 2)")
     parser.add_argument("--config", help="config name or TOML file, used as is (default: SmolLM2 + whisper-tiny.en)")
     parser.add_argument("--threads", type=int, default=1, help="threads for torch, Whisper and Piper each (default 1)")
+    parser.add_argument("--stt-workers", type=int, default=None,
+                        help="Whisper transcriptions at once (stt.workers; default: the config's)")
     parser.add_argument("--max-new-tokens", type=int, default=40, help="LLM answer length cap (default 40)")
     parser.add_argument("--extra", type=int, default=1, help="callers over the limit that must get 503 (default 1)")
     parser.add_argument("--level-timeout", type=float, default=300.0, help="seconds per level before giving up")
@@ -129,6 +131,8 @@ def load_bench_config(args: argparse.Namespace, report_dir: Path):
                                               "gamma": 4, "temperature": 0.0, "threads": args.threads}),
             "stt": cfg.stt.model_copy(update={"model": "whisper-tiny.en"}),
         })
+    if args.stt_workers:
+        cfg = cfg.model_copy(update={"stt": cfg.stt.model_copy(update={"workers": args.stt_workers})})
     return cfg.model_copy(update={
         "llm": cfg.llm.model_copy(update={"max_new_tokens": args.max_new_tokens}),
         "report": cfg.report.model_copy(update={"dir": str(report_dir)}),
@@ -559,7 +563,7 @@ def _run(args: argparse.Namespace) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "llm": {"target": cfg.llm.target, "draft": cfg.llm.draft, "drafter": cfg.llm.drafter, "dtype": cfg.llm.dtype,
                 "max_new_tokens": cfg.llm.max_new_tokens},
-        "stt": cfg.stt.model, "tts": cfg.tts.voice, "threads": args.threads, "turns_per_call": args.turns,
+        "stt": cfg.stt.model, "stt_workers": cfg.stt.workers, "tts": cfg.tts.voice, "threads": args.threads, "turns_per_call": args.turns,
         "config": args.config or "built-in small (SmolLM2-135M int8 + whisper-tiny.en + Piper)",
         "models_load_s": round(load_s, 1),
     }
