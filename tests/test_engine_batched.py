@@ -178,23 +178,9 @@ def test_forward_many_is_bitwise_each_forward_alone(tiny_models, name, dtype):
             assert torch.equal(caches[i].values[layer][:, : start + t], cache.values[layer][:, : start + t])
 
 
-def test_a_failing_conversation_does_not_disturb_the_others(tiny_models):
-    """A drafter that raises in one conversation: that call gets the error, the pass of
-    the others still runs and their tokens are unchanged."""
-    eng = load(tiny_models["target"], None, "ngram", 3, gather_s=20.0)
-    solo = alone(eng, 0, False)
-
-    class Broken:
-        name = "ngram"
-
-        def propose(self, context, k, params):
-            raise RuntimeError("drafter broke")
-
-        def accepted(self, n):
-            pass
-
-    bad = eng.new_conversation()
-    bad.drafters = [Broken()]
+def beside_a_broken_one(eng, bad) -> dict:
+    """Conversation 0 and, started together, conversation 2 on `bad` (whose drafter raises):
+    {"good": conversation 0's token ids, "error": the message conversation 2 raised}."""
     both = threading.Barrier(2)
     result = {}
 
@@ -214,6 +200,27 @@ def test_a_failing_conversation_does_not_disturb_the_others(tiny_models):
         t.start()
     for t in threads:
         t.join(60)
+    return result
+
+
+def test_a_failing_conversation_does_not_disturb_the_others(tiny_models):
+    """A drafter that raises in one conversation: that call gets the error, the pass of
+    the others still runs and their tokens are unchanged."""
+    eng = load(tiny_models["target"], None, "ngram", 3, gather_s=20.0)
+    solo = alone(eng, 0, False)
+
+    class Broken:
+        name = "ngram"
+
+        def propose(self, context, k, params):
+            raise RuntimeError("drafter broke")
+
+        def accepted(self, n):
+            pass
+
+    bad = eng.new_conversation()
+    bad.drafters = [Broken()]
+    result = beside_a_broken_one(eng, bad)
     assert result["error"] == "drafter broke"
     assert result["good"] == solo
 
@@ -240,25 +247,7 @@ def test_a_draft_model_failing_mid_draft_does_not_disturb_the_others(tiny_models
             pass
 
     bad.drafters = [BreaksAfterOneStep()]
-    both = threading.Barrier(2)
-    result = {}
-
-    def good():
-        both.wait(10)
-        result["good"] = [t for g in eng.stream(eng.encode(PROMPTS[0]), params_for(0, False)) for t in g.token_ids]
-
-    def broken():
-        both.wait(10)
-        try:
-            list(eng.stream(eng.encode(PROMPTS[2]), params_for(2, False), bad))
-        except RuntimeError as e:
-            result["error"] = str(e)
-
-    threads = [threading.Thread(target=good), threading.Thread(target=broken)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    result = beside_a_broken_one(eng, bad)
     assert result["error"] == "draft model broke"
     assert result["good"] == solo
 
