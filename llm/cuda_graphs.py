@@ -22,9 +22,19 @@ exactly the code the GPU captures.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from llm.model import KVCache, Transformer, forward_fixed, new_cache
+from llm.model import (
+    KVCache,
+    Segment,
+    Transformer,
+    forward,
+    forward_fixed,
+    forward_many,
+    new_cache,
+)
 
 
 class FixedStep:
@@ -109,3 +119,16 @@ def synchronize(device: torch.device | str) -> None:
     """Wait for the device (timing on CUDA measures launches otherwise)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_forward(model: Transformer, segments: list[Segment]) -> tuple[list[torch.Tensor], float]:
+    """One forward over the segments' rows (one segment: `forward`; several: `forward_many`,
+    linears batched, attention per segment), with its wall time once the device is done."""
+    t0 = time.perf_counter()
+    if len(segments) == 1:
+        s = segments[0]
+        logits = [forward(model, s.cache, s.tokens, s.start, s.all_logits)]
+    else:
+        logits = forward_many(model, segments)
+    synchronize(model.device)
+    return logits, time.perf_counter() - t0

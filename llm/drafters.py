@@ -18,8 +18,8 @@ from typing import Protocol
 
 import torch
 
-from llm.cuda_graphs import synchronize
-from llm.model import KVCache, Segment, Transformer, forward, new_cache
+from llm.cuda_graphs import timed_forward
+from llm.model import KVCache, Segment, Transformer, new_cache
 from llm.sampling import warp
 from llm.types import SamplingParams
 
@@ -66,11 +66,8 @@ def run_draft_steps(steps: DraftSteps) -> Proposal:
     try:
         step = next(steps)
         while True:
-            seg = step.segment
-            t0 = time.perf_counter()
-            logits = forward(step.model, seg.cache, seg.tokens, seg.start, seg.all_logits)
-            synchronize(step.model.device)  # on CUDA the clock must wait for the kernels
-            step = steps.send((logits, time.perf_counter() - t0))
+            (logits,), seconds = timed_forward(step.model, [step.segment])
+            step = steps.send((logits, seconds))
     except StopIteration as done:
         return done.value
 

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from llm.cuda_graphs import synchronize
+from llm.cuda_graphs import timed_forward
 from llm.drafters import DraftStep, run_draft_steps
 from llm.gamma import Load
-from llm.model import Segment, Transformer, forward, forward_many
+from llm.model import Segment, Transformer
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +98,8 @@ class SoloRunner:
     def run(self, prepare, finish, hint: Load | None = None):
         with self.lock:
             piece = _run_here(prepare(Load()))
-            seg = piece.segment
-            t0 = time.perf_counter()
-            logits = forward(piece.model, seg.cache, seg.tokens, seg.start, seg.all_logits)
-            synchronize(piece.model.device)
-            info = PassInfo(time.perf_counter() - t0, int(seg.tokens.shape[0]), 1)
-            return finish(logits), info
+            (logits,), seconds = timed_forward(piece.model, [piece.segment])
+            return finish(logits), PassInfo(seconds, int(piece.segment.tokens.shape[0]), 1)
 
 
 class PassScheduler:
@@ -306,7 +302,7 @@ class PassScheduler:
     def _draft_pass(self, group: list[_Work], prepared: list[_Work]) -> None:
         segs = [w.step.segment for w in group]
         try:
-            logits, seconds = self._forward(group[0].step.model, segs)
+            logits, seconds = timed_forward(group[0].step.model, segs)
         except BaseException as e:  # noqa: BLE001
             for w in group:
                 w.steps = w.step = None
@@ -318,24 +314,12 @@ class PassScheduler:
         for w, out in zip(group, logits):
             self._advance(w, (out, seconds), prepared)
 
-    @staticmethod
-    def _forward(model: Transformer, segs: list[Segment]) -> tuple[list[torch.Tensor], float]:
-        """One forward over the segments' rows (linears batched, attention per segment)."""
-        t0 = time.perf_counter()
-        if len(segs) == 1:
-            s = segs[0]
-            logits = [forward(model, s.cache, s.tokens, s.start, s.all_logits)]
-        else:
-            logits = forward_many(model, segs)
-        synchronize(model.device)
-        return logits, time.perf_counter() - t0
-
     def _pass(self, group: list[_Work]) -> None:
         model = group[0].piece.model
         segs = [w.piece.segment for w in group]
         rows = sum(int(s.tokens.shape[0]) for s in segs)
         try:
-            logits, seconds = self._forward(model, segs)
+            logits, seconds = timed_forward(model, segs)
         except BaseException as e:  # noqa: BLE001
             self._fail(group, e)
             return
