@@ -333,12 +333,18 @@ class SpeculativeEngine:
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI-shaped messages as HF chat templates want them: a tool call's arguments as a
+    """OpenAI-shaped messages as HF chat templates want them: an assistant round kept
+    `as_written` as that text; a tool call's arguments as a
     mapping (Qwen2.5's template writes them with `tojson`; a JSON string would be quoted
     twice and the rendered call would no longer match what the model wrote, costing the
     KV cache reuse of the next round), and content never None."""
     out = []
     for m in messages:
+        if m.get("role") == "assistant" and m.get("as_written"):
+            # The round as the model wrote it (pipeline/stages/tools_step.py): the prompt
+            # then begins with the very tokens it generated, still in the KV cache.
+            out.append({"role": "assistant", "content": m["as_written"]})
+            continue
         calls = m.get("tool_calls")
         if not calls and m.get("content") is not None:
             out.append(m)

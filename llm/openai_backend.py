@@ -354,9 +354,11 @@ def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     entry has an id, the type, and its arguments as a string of JSON (a mapping is
     encoded; text that is not JSON, e.g. a model's double-encoded arguments, is sent as a
     JSON string, since llama.cpp parses the arguments of a past call and fails the request
-    on bad JSON). Messages without tool calls pass as they are."""
+    on bad JSON). Our `as_written` key is dropped. Other messages pass as they are."""
     out = []
     for m in messages:
+        if "as_written" in m:  # ours, for the in-process engine's prompt (llm.engine.template_messages)
+            m = {k: v for k, v in m.items() if k != "as_written"}
         calls = m.get("tool_calls") if m.get("role") == "assistant" else None
         if calls:
             m = {**m, "tool_calls": [_wire_call(c, k) for k, c in enumerate(calls)]}

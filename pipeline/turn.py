@@ -45,7 +45,8 @@ class LLMResult:
     sentences: list[str] = field(default_factory=list)  # handed to TTS, in order
     groups: int = 0
     finish_reason: str | None = None
-    stats: GenerationStats | None = None
+    stats: GenerationStats | None = None  # the turn's, over its rounds (merge_stats)
+    rounds: list[GenerationStats] = field(default_factory=list)  # one per generation (tool turns: several)
     passes_at_barge_in: int | None = None  # target passes done when the caller barged in
     error: str | None = None
     # Tools (pipeline/stages/tools_step.py): one dict per call (name, arguments, ok, result,

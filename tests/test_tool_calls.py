@@ -409,6 +409,28 @@ def test_speculation_on_tool_call_prompts_is_exact(qwen_chat_model, drafter, gam
         assert accepted > 0
 
 
+def test_a_call_kept_as_written_extends_the_prompt_the_model_read(qwen_chat_model):
+    """The 1.5B writes calls as `{{"name": ...}}}}` (from the braces of Qwen2.5's tool
+    instructions). Re-rendered from the parsed call, the next round's prompt diverged from
+    the KV cache at the call's first token; kept `as_written` it begins with the prompt the
+    model read plus what it wrote, so only the tool's result is prefilled."""
+    from llm.openai_backend import wire_messages
+
+    eng = _engine(qwen_chat_model)
+    written = '{{"name": "book_slot", "arguments": {"slot": "tue-0900", "name": "Ann Lee"}}}}'
+    read = eng.chat_prompt(TOOL_DIALOGUE[:2], tools=TOOLS)
+    cached = read + eng.encode(written)
+    assistant, result = dict(TOOL_DIALOGUE[2]), TOOL_DIALOGUE[3]
+    assert assistant["tool_calls"]
+    kept = eng.chat_prompt(TOOL_DIALOGUE[:2] + [{**assistant, "as_written": written}, result], tools=TOOLS)
+    assert kept[: len(cached)] == cached
+    assert '<tool_response>\n{"booked": true' in eng.target.tokenizer.decode(kept[len(cached):])
+    rerendered = eng.chat_prompt(TOOL_DIALOGUE[:2] + [assistant, result], tools=TOOLS)
+    assert rerendered[: len(cached)] != cached  # what the as_written key is for
+    # An OpenAI server never sees the key: it renders calls from `tool_calls` itself.
+    assert all("as_written" not in m for m in wire_messages([{**assistant, "as_written": written}, result]))
+
+
 def test_backend_tool_round_reuses_the_conversation_cache_and_stays_exact(qwen_chat_model):
     """Round 2 of a tool turn (the call and its result appended) prefills only what is new,
     and gives what a fresh engine gives on the same prompt."""

@@ -133,6 +133,8 @@ async def test_booking_round_trip_hears_no_tool_tokens(store):
                                                       "arguments": '{"slot": "Tuesday 10:30", "name": "Ann Lee"}'}
     assert tool["role"] == "tool" and tool["tool_call_id"] == assistant["tool_calls"][0]["id"]
     assert json.loads(tool["content"])["booked"] is True
+    # ... and the round exactly as written, for the engine's prompt (its KV cache holds it).
+    assert assistant["as_written"] == "Let me book that for you.\n" + call("book_slot", slot="Tuesday 10:30", name="Ann Lee")
     assert backend.opened == 2
     assert [k for k, _ in events if k.startswith("tool")] == ["tool_call", "tool_result"]
 

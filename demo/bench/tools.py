@@ -364,6 +364,11 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
             "new_tokens": st.new_tokens if st is not None else None,
             "prefilled_tokens": st.prefilled_tokens if st is not None else None,
             "passes": st.passes if st is not None else None,
+            # Each generation's own figures: where a tool turn's time went (the call's
+            # tokens, reading the tool's result, the answer after it).
+            "rounds": [{"prefilled_tokens": r.prefilled_tokens, "prefill_s": round(r.prefill_s, 3),
+                        "new_tokens": r.new_tokens, "passes": r.passes, "accepted": r.accepted,
+                        "drafted": r.drafted, "total_s": round(r.total_s, 3)} for r in result.rounds],
         }
         turns.append(turn)
         on_turn(turn)

@@ -79,6 +79,7 @@ async def respond(
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         answer.close_round()
+        result.rounds = list(answer.rounds)
         result.stats = merge_stats(answer.rounds)
         if "first_token" in timeline:
             timeline.mark("llm_done")
@@ -101,6 +102,10 @@ class AnswerStream:
     emit: Callable[..., None]
     hold_line: str = ""  # said when a tool call begins before anything was said (once a turn)
     rounds: list[GenerationStats] = field(default_factory=list)  # one per finished generation
+    # The last round's text as the model wrote it, tool calls included (the tool step puts it
+    # in the history so that the next round's prompt starts with the tokens already in the
+    # KV cache; see llm.engine.template_messages).
+    written: str = ""
     _before: Any = None  # the backend's stats before the live round: ours is the next to appear
     _live: bool = False
     _held: bool = False
@@ -111,7 +116,8 @@ class AnswerStream:
         splitter: the caller hears "Let me check" before a tool runs). Returns the round's
         speakable text and what the filter held back."""
         self._before, self._live = self.backend.last_stats, True
-        said = []
+        said, written = [], []
+        self.written = ""
         try:
             async with contextlib.aclosing(self.backend.stream(messages, self.params, self.barge_in.event)) as stream:
                 async for group in stream:
@@ -121,6 +127,7 @@ class AnswerStream:
                         self.result.finish_reason = group.finish_reason
                     if not group.text or self.barge_in.fired:
                         continue
+                    written.append(group.text)
                     said.append(self.say(filt.feed(group.text) if filt is not None else group.text))
                     if filt is not None and filt.holding and self.hold_line and not self._held:
                         self._hold()
@@ -136,6 +143,7 @@ class AnswerStream:
                     said.append(self.say(tail))
             if not self.barge_in.fired:
                 self.flush()
+            self.written = "".join(written)
             return "".join(said), parse
         finally:
             self.close_round()

@@ -104,12 +104,14 @@ async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: in
         t = time.monotonic()
         result.tool_calls.append(_entry(None, parse.raw, False, None, parse.error, 0.0, None, None, n, t, t))
         emit("tool_call", name=None, ok=False, error=parse.error)
-        return [{"role": "assistant", "content": (said.rstrip() + "\n" + parse.raw).strip()},
+        return [{"role": "assistant", "content": (said.rstrip() + "\n" + parse.raw).strip(),
+                 **_as_written(answer)},
                 {"role": "tool", "content": json.dumps({"error": parse.error}, ensure_ascii=False)}], False
     # A server's own ids (OpenAI tool_calls) are kept: its tool messages must answer them.
     ids = [c.id or f"call_{len(result.tool_calls) + i}" for i, c in enumerate(parse.calls)]
     step: list[dict] = [{"role": "assistant", "content": said.strip(),
-                         "tool_calls": [{"id": i, **c.message()} for i, c in zip(ids, parse.calls)]}]
+                         "tool_calls": [{"id": i, **c.message()} for i, c in zip(ids, parse.calls)],
+                         **_as_written(answer)}]
     ok_all = True
     for call_id, call in zip(ids, parse.calls):
         entry = await _run_one(call, toolbox, n, emit)
@@ -121,6 +123,16 @@ async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: in
         step.append({"role": "tool", "tool_call_id": call_id, "name": call.name,
                      "content": json.dumps(content, ensure_ascii=False, default=str)})
     return step, ok_all
+
+
+def _as_written(answer: AnswerStream) -> dict:
+    """The round's text exactly as the model wrote it (`as_written`), for a backend that
+    renders the prompt itself: the 1.5B writes its calls as `{{"name": ...}}}}` (copying
+    the braces of Qwen2.5's own tool instructions), so a call re-rendered from the parsed
+    `tool_calls` (`<tool_call>\\n{"name": ...}}`) no longer matches the tokens in the KV cache
+    and the next round read the whole call again (~40 tokens, ~0.6 s on the 2-core CPU).
+    The OpenAI backend drops it (wire_messages): a server renders its own calls."""
+    return {"as_written": answer.written} if answer.written.strip() else {}
 
 
 async def _run_one(call: ToolCall, toolbox: ToolRunner, n: int, emit: Any) -> dict:
