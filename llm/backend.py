@@ -25,9 +25,11 @@ class SpeculativeBackend:
     """One conversation (one call) on a shared engine: its KV cache lives across turns."""
 
     def __init__(self, engine: SpeculativeEngine, conversation: Conversation | None = None,
-                 tools: list[dict] | None = None):
+                 tools: list[dict] | None = None, tool_values: dict[str, list[str]] | None = None):
         self.engine = engine
         self.conversation: Conversation | None = conversation or engine.new_conversation()
+        if tools:  # the calls' JSON is drafted from the schemas too (llm/call_drafter.py)
+            engine.draft_calls(self.conversation, tools, tool_values)
         # OpenAI "tools" entries rendered into every prompt by the chat template (the same
         # list every turn, so the system block, and its cached K/V, stay the same).
         self.tools = tools

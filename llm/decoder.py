@@ -50,18 +50,24 @@ def prefill(model: Transformer, seq: Sequence, prompt: list[int]) -> tuple[torch
     return logits, len(prompt) - keep
 
 
+# Drafters whose offer costs no forward pass: asked every pass, their offers weighed by
+# the acceptance the controller learns for each (llm/drafters.py, llm/call_drafter.py).
+FREE_DRAFTERS = frozenset({"ngram", "call"})
+
+
 def draft_steps(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int,
                 params: SamplingParams) -> DraftSteps:
     """Ask the drafters for at most `limit` tokens and keep the offer worth most tokens/s.
 
-    N-gram lookup tells its offer for free, so it is looked up first; a draft model,
+    N-gram lookup and the tool-call skeleton (FREE_DRAFTERS) tell their offers for free, so
+    they are looked up first; a draft model,
     whose cost grows with every token, runs only for the gamma the controller picks
     and only if its expected rate beats the free offer. With a fixed gamma the first
     drafter with an offer wins. A generator: the draft model's forwards are yielded
     (llm.drafters.DraftStep), so the engine thread can batch them across conversations."""
     offers: list[tuple[float, Proposal | None, Drafter | None, int]] = []
     for d in drafters:
-        if d.name == "ngram":
+        if d.name in FREE_DRAFTERS:
             offer = d.propose(context, limit, params)
             if offer.tokens:
                 g = controller.choose(offer.source, len(offer.tokens))

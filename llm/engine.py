@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llm.call_drafter import CallDrafter
 from llm.decoder import Generation, Sequence, new_sequence, speculative_stream
 from llm.detokenize import IncrementalDetokenizer
 from llm.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix
@@ -240,6 +241,14 @@ class SpeculativeEngine:
                 # Draft steps run one row; a catch-up of up to R tokens runs one R-row step.
                 d.cache = self._static(d.model, (1, r))
         return Conversation(Sequence(self._static(self.target.model, (r,))), drafters, self._controller())
+
+    def draft_calls(self, conv: Conversation, tools: list[dict], values: dict[str, list[str]] | None = None) -> None:
+        """Draft `conv`'s tool calls from `tools`' schemas (and the strings in `values`, e.g.
+        {"slot": open slots}) ahead of its other drafters. Nothing with speculation off."""
+        if not conv.drafters or any(isinstance(d, CallDrafter) for d in conv.drafters):
+            return
+        tok = self.target.tokenizer
+        conv.drafters.insert(0, CallDrafter(tools, self.encode, lambda ids: tok.decode(ids), dict(values or {})))
 
     def warm_prefix(self, prompt: list[int]) -> None:
         """Compute and keep the K/V of a prefix (a system prompt) for all later conversations,

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
 log = logging.getLogger(__name__)
 
 __all__ = ["AgentModels", "endpoint_config", "sampling_params", "chars_token_count", "system_prompt",
-           "tool_schemas"]
+           "tool_schemas", "tool_values"]
 
 
 def system_prompt(config: Config) -> str:
@@ -68,6 +68,12 @@ def system_prompt(config: Config) -> str:
             "leave a message or speak to a person, reply with only the tool call, for example:\n"
             f"<tool_call>\n{example}\n</tool_call>\n"
             "After the tool's result, tell the caller in one short sentence what it says." + rules)
+
+
+def tool_values(config: Config) -> dict[str, list[str]]:
+    """Strings a tool argument takes, for drafting calls (llm/call_drafter.py): the
+    business's slot labels, which book_slot's and cancel_booking's "slot" copy."""
+    return {"slot": list(config.business.open_slots or [])}
 
 
 def tool_schemas(config: Config) -> list[dict] | None:
@@ -203,7 +209,7 @@ class AgentModels:
                                      tools=tool_schemas(config))
         from llm.backend import SpeculativeBackend
 
-        return SpeculativeBackend(self.engine, tools=tool_schemas(config))
+        return SpeculativeBackend(self.engine, tools=tool_schemas(config), tool_values=tool_values(config))
 
     def new_toolbox(self, call_id: str, caller: str | None = None) -> ToolBox | None:
         """One call's tools (None when [tools] is off)."""

@@ -409,6 +409,41 @@ def test_speculation_on_tool_call_prompts_is_exact(qwen_chat_model, drafter, gam
         assert accepted > 0
 
 
+@pytest.mark.parametrize("drafter,gamma", [("ngram", 4), ("ngram", "auto"), ("model", 3)])
+def test_drafting_calls_from_the_schemas_is_exact(qwen_chat_model, drafter, gamma):
+    """The call drafter (llm/call_drafter.py) ahead of the conversation's own drafters: the
+    same tokens as the target alone, and it was asked for drafts."""
+    from llm.backend import SpeculativeBackend
+    from llm.call_drafter import CallDrafter
+    from llm.types import SamplingParams
+
+    params = SamplingParams(max_new_tokens=40)
+    base = _engine(qwen_chat_model)
+    spec = _engine(qwen_chat_model, drafter, gamma, qwen_chat_model if drafter == "model" else None)
+    offered = []
+    for prompt in _prompts(base):
+        conv = SpeculativeBackend(spec, tools=TOOLS, tool_values={"slot": ["tue-0900", "wed-1415"]}).conversation
+        call_drafter = conv.drafters[0]
+        assert isinstance(call_drafter, CallDrafter) and len(conv.drafters) == 2
+        offers = []
+        propose = call_drafter.propose
+        call_drafter.propose = lambda *a: offers.append(propose(*a)) or offers[-1]
+        want, _, _ = base.generate(prompt, params)
+        got, _, _ = spec.generate(prompt, params, conv)
+        assert got == want
+        offered.append(len(offers))
+    # Asked on every drafting pass. (What it offers is tests/test_call_drafter.py's: a random
+    # target's first token leaves the call, so its offers here are few; bench tools measures
+    # them on the real pair, answers identical.)
+    assert all(offered)
+    # Speculation off: nothing to draft with; asked twice: one call drafter.
+    assert SpeculativeBackend(base, tools=TOOLS).conversation.drafters == []
+    conv = spec.new_conversation()
+    spec.draft_calls(conv, TOOLS)
+    spec.draft_calls(conv, TOOLS)
+    assert sum(isinstance(d, CallDrafter) for d in conv.drafters) == 1
+
+
 def test_a_call_kept_as_written_extends_the_prompt_the_model_read(qwen_chat_model):
     """The 1.5B writes calls as `{{"name": ...}}}}` (from the braces of Qwen2.5's tool
     instructions). Re-rendered from the parsed call, the next round's prompt diverged from

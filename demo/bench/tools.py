@@ -551,7 +551,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
 
     from llm.backend import SpeculativeBackend
     from llm.engine import SpeculativeEngine
-    from pipeline.agent import sampling_params, system_prompt, tool_schemas
+    from pipeline.agent import sampling_params, system_prompt, tool_schemas, tool_values
     from pipeline.models import resolve_model
 
     # The tools on, as `[tools] enabled = true` gives a call: the same prompt paragraph and schemas.
@@ -581,7 +581,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
         for d in dialogues:
             bar.set_postfix_str(d.id)
             store = seeded_store(Path(tmp) / f"{d.id}.sqlite", d, labels)
-            backend = SpeculativeBackend(engine, tools=schemas)  # a fresh conversation: one call
+            backend = SpeculativeBackend(engine, tools=schemas, tool_values=tool_values(config))  # one call
             t0 = time.perf_counter()
             try:
                 result = await play(d, backend, store, setup, on_turn=lambda turn: (

@@ -1,0 +1,217 @@
+"""Drafts the structure of a tool call from the tools' schemas.
+
+Inside a call the target writes JSON whose skeleton is known before it is written: after
+`{"name": "bo` comes `ok_slot", "arguments": {"slot": "`; after a value's `",` comes the
+next argument's name; an open slot's label is one of a few strings. Prompt lookup (the
+n-gram drafter) misses most of these: the nearest earlier `"name": "` in the context is a
+schema's or the instructions' `<function-name>`, so measured on bench tools' calls about
+half of the call's passes verified one token. This drafter reads the call written so far
+(the decoded tail of the context), finds where it stands in the call, and proposes the
+text that the schema says comes next, as tokens. It only proposes; the target decides, so
+greedy output stays identical and sampled output keeps the target's distribution (a
+proposal is a point mass, as the n-gram drafter's are).
+
+What it proposes, by where the call stands:
+    just opened (`<tool_call>`, `{{`)  `{"name": "`
+    in the tool's name         the rest of the one tool name it can be, then `", "arguments": {"<first>": "`
+    in an argument's name      the rest of the one unused argument it can be (the next in the
+                               schema's order when none of it is written yet), then `": "`
+    in a string value          the rest of the one listed value it can be (e.g. an open slot),
+                               then `", "<next unused argument>": "` (or `"` if none is left)
+    after a value's `",`       ` "<next unused argument>": "`
+Elsewhere (free text the caller said, a number, outside a call) it proposes nothing and the
+n-gram drafter's offer stands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm.drafters import Proposal
+from llm.types import SamplingParams
+
+__all__ = ["CallDrafter", "call_skeleton"]
+
+# Where a call's JSON begins: Qwen2.5's `{"name": "` after a <tool_call> tag, or, as the
+# 1.5B writes it, with a doubled brace, or at a line's start.
+_CALL_START = re.compile(r'(?:<tool_call>\s*|\{|^|\n)\{"name":\s*"')  # not `"arguments": {"name": "`
+# A call just opened: the tag (Qwen2.5's format) or the doubled brace the 1.5B copies from
+# the template's instructions, at the start of a line.
+_OPENING = re.compile(r'(<tool_call>\n?|(^|\n)\{\{)\s*$')
+_TAIL_TOKENS = 160
+_SEAM = 3  # tokens re-encoded with a proposal (CallDrafter.tokens_after)  # enough for any call this product's tools take
+_ARGUMENTS = ', "arguments": {'  # between the tool's name and its arguments, as Qwen2.5 writes it
+
+
+@dataclass
+class _Where:
+    """Where a call written so far stands."""
+
+    tool: str | None = None  # the tool's name, once closed
+    partial: str = ""  # what is written of the string being written
+    key: str | None = None  # the argument whose value is being written (None: in a key)
+    used: list[str] = field(default_factory=list)  # arguments written so far
+    state: str = "name"  # opening | name | after_name | key_start | key | value | after_value | other
+
+
+def call_skeleton(text: str) -> _Where | None:
+    """Where the last call in `text` stands, or None if `text` does not end inside one."""
+    if _OPENING.search(text):
+        return _Where(state="opening")
+    starts = list(_CALL_START.finditer(text))
+    if not starts:
+        return None
+    m = starts[-1]
+    rest = text[m.end():]
+    w = _Where()
+    # The tool's name: up to its closing quote.
+    q = rest.find('"')
+    if q < 0:
+        w.partial = rest
+        return w
+    w.tool = rest[:q]
+    rest = rest[q + 1:]
+    a = re.match(r'\s*,\s*"arguments"\s*:\s*\{', rest)
+    if a is None:
+        w.state = "after_name" if _ARGUMENTS.startswith(rest) else "other"
+        w.partial = rest
+        return w
+    rest = rest[a.end():]
+    # The arguments object: "key": "value" pairs with plain string values (what the tools
+    # take); anything else (a nested object, a number) is "other" from there on.
+    while True:
+        k = re.match(r'\s*"', rest)
+        if k is None:
+            w.state = "other" if rest.strip() else "key_start"
+            return w
+        rest = rest[k.end():]
+        q = rest.find('"')
+        if q < 0:
+            w.state, w.partial = "key", rest
+            return w
+        key = rest[:q]
+        rest = rest[q + 1:]
+        c = re.match(r'\s*:\s*"', rest)
+        if c is None:
+            w.state = "other"
+            return w
+        rest = rest[c.end():]
+        w.key = key
+        value_end = _string_end(rest)
+        if value_end < 0:
+            w.state, w.partial = "value", rest
+            return w
+        w.used.append(key)
+        w.key = None
+        rest = rest[value_end + 1:]
+        sep = re.match(r'\s*,', rest)
+        if sep is None:
+            w.state = "other"  # the object closes, or something we do not follow
+            return w
+        rest = rest[sep.end():]
+        if not rest.strip():
+            w.state = "after_value"
+            return w
+
+
+def _string_end(s: str) -> int:
+    """Index of the quote that closes a JSON string body `s`, or -1 if it is still open."""
+    i = 0
+    while i < len(s):
+        if s[i] == "\\":
+            i += 2
+            continue
+        if s[i] == '"':
+            return i
+        i += 1
+    return -1
+
+
+def _one(partial: str, options: list[str]) -> str | None:
+    """The one option `partial` can still become (by prefix), or None."""
+    fits = [o for o in options if o.startswith(partial) and o != partial]
+    return fits[0] if len(fits) == 1 else None
+
+
+@dataclass
+class CallDrafter:
+    """Proposes the next tokens of a tool call from the schemas (module docstring).
+
+    `tools`: OpenAI "tools" entries; `values`: for an argument name, the strings it takes
+    (an open slot's labels, say); `encode`/`decode`: the target's tokenizer."""
+
+    tools: list[dict]
+    encode: Any  # str -> list[int]
+    decode: Any  # list[int] -> str
+    values: dict[str, list[str]] = field(default_factory=dict)
+    name: str = "call"
+
+    def __post_init__(self) -> None:
+        # tool -> its arguments in schema order (the order models write them in), and for
+        # each argument what opens its value: a quote for a string, nothing otherwise.
+        self._args: dict[str, list[str]] = {}
+        self._opens: dict[str, str] = {}
+        for t in self.tools:
+            fn = t.get("function", t) if isinstance(t, dict) else {}
+            if isinstance(fn.get("name"), str):
+                props = (fn.get("parameters") or {}).get("properties") or {}
+                self._args[fn["name"]] = list(props)
+                for p, spec in props.items():
+                    self._opens.setdefault(p, '"' if '"string"' in json.dumps(spec) else "")
+
+    def text(self, context: list[int]) -> str | None:
+        """What the call needs next, as text ("" or None: nothing to propose)."""
+        self._text_tail = self.decode(context[-_TAIL_TOKENS:])
+        where = call_skeleton(self._text_tail)
+        if where is None:
+            return None
+        if where.state == "opening":
+            return '"name": "' if self._text_tail.endswith("{") else '{"name": "'
+        if where.state == "name":
+            tool = _one(where.partial, list(self._args))
+            return None if tool is None else tool[len(where.partial):] + '"' + _ARGUMENTS + self._next_arg(tool, [])
+        if where.state == "after_name":
+            return _ARGUMENTS[len(where.partial):] + self._next_arg(where.tool, [])
+        args = [a for a in self._args.get(where.tool or "", []) if a not in where.used]
+        if where.state == "key_start":
+            return self._next_arg(where.tool, where.used) or None
+        if where.state == "key":
+            key = _one(where.partial, args) if where.partial else (args[0] if args else None)
+            return None if key is None else key[len(where.partial):] + '": ' + self._opens.get(key, "")
+        if where.state == "value":
+            options = self.values.get(where.key or "", [])
+            value = _one(where.partial, options) if where.partial else None
+            if value is None:
+                return None
+            # Then the next argument, as the model writes it (`",` is one token), if any is left.
+            after = [a for a in args if a != where.key]
+            return value[len(where.partial):] + ('", ' + self._next_arg(where.tool, where.used + [where.key]) if after else '"')
+        if where.state == "after_value":
+            return (" " + self._next_arg(where.tool, where.used)) if args else None
+        return None
+
+    def _next_arg(self, tool: str | None, used: list[str]) -> str:
+        """`"<argument>": "` for the tool's first argument not yet written ("" if none)."""
+        left = [a for a in self._args.get(tool or "", []) if a not in used]
+        return f'"{left[0]}": {self._opens.get(left[0], "")}' if left else ""
+
+    def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
+        t0 = time.perf_counter()
+        text = self.text(context) if k > 0 else None
+        tokens = self.tokens_after(context, text)[:k] if text else []
+        return Proposal(tokens, None, self.name, time.perf_counter() - t0)
+
+    def tokens_after(self, context: list[int], text: str) -> list[int]:
+        """`text` as tokens where it follows `context`: encoded together with the last few
+        tokens, since BPE splits at the seam differently than alone (`{{` then `"` then
+        `name`, where `"name": "` alone is `"name`); alone if the seam tokens change."""
+        seam = context[-_SEAM:]
+        ids = self.encode(self.decode(seam) + text)
+        return ids[len(seam):] if ids[: len(seam)] == seam else self.encode(text)
+
+    def accepted(self, n: int) -> None:
+        pass
