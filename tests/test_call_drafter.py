@@ -33,7 +33,11 @@ CALL = '{{"name": "book_slot", "arguments": {'
     (CALL + '"slot": "Tue', "value", {"key": "slot", "partial": "Tue"}),
     (CALL + '"slot": "Tuesday 10:30 a.m. with Dr. Patel",', "after_value", {"used": ["slot"]}),
     (CALL + '"slot": "a \\" quote", "name": "Al', "value", {"key": "name", "used": ["slot"]}),
-    (CALL + '"slot": "X"}}}}', "other", None),
+    (CALL + '"slot": "X"}}}}', "closing", {"partial": "}}}}"}),
+    (CALL + '"slot": "X"}', "closing", {"partial": "}", "closer": "}}}}"}),
+    ('<tool_call>\n{"name": "check_slots", "arguments": {"day": "Friday"}', "closing",
+     {"closer": "}}\n</tool_call>"}),
+    (CALL + '"slot": "X"] ', "other", None),
     # A schema in the system block starts like a call but is not one.
     ('{"name": "book_slot", "description": "Book', "other", None),
 ])
@@ -70,6 +74,9 @@ def _drafter(tok) -> CallDrafter:
     ('{{"name": "cancel_booking", "arguments": {"name": "Ann", "b', 'ooking_id": '),  # an integer: no quote
     (CALL + '"slot": "Tuesday 10:30 a.m. with Dr. Patel", "name": "An', None),  # the caller's words: n-gram's
     ("The Tuesday slot is open.", None),
+    # The end of the call, by how it opened.
+    (CALL + '"slot": "Tuesday 10:30 a.m. with Dr. Patel", "name": "Ann Lee", "phone": "555"}', "}}}"),
+    ('<tool_call>\n{"name": "check_slots", "arguments": {"day": "Friday"', '}}\n</tool_call>'),
 ])
 def test_what_the_schema_says_comes_next(tokenizer, written, expected):
     d = _drafter(tokenizer)
@@ -82,3 +89,22 @@ def test_what_the_schema_says_comes_next(tokenizer, written, expected):
         assert proposal.source == "call" and proposal.probs is None
         assert tokenizer.decode(context + proposal.tokens).endswith(written + expected)
         assert len(d.propose(context, 2, SamplingParams()).tokens) == min(2, len(proposal.tokens))
+
+
+def test_a_value_copies_the_rest_of_what_the_caller_said(tokenizer):
+    """A name the caller gave: written without the space before it, so token lookup misses
+    it; the drafter finds the words it began with and proposes the rest of the phrase."""
+    d = _drafter(tokenizer)
+    said = "<|im_start|>user\nPlease book Tuesday for me, my name is Alma Ruiz.<|im_end|>\n<|im_start|>assistant\n"
+    call = CALL + '"slot": "Tuesday 10:30 a.m. with Dr. Patel", "name": "Al'
+    context = tokenizer.encode(said + call, add_special_tokens=False)
+    assert d.text(context) == 'ma Ruiz", "phone": "'
+    # The last argument: then the call's end.
+    cancel = '{{"name": "cancel_booking", "arguments": {"booking_id": 3, "name": "Al'
+    assert call_skeleton(said + cancel).state == "other"  # a number: not followed further
+    asked = said.replace("Please book Tuesday for me, my name is Alma Ruiz.", "Is anything open on Tuesday?")
+    context = tokenizer.encode(asked + '{{"name": "check_slots", "arguments": {"day": "Tue', add_special_tokens=False)
+    assert d.text(context) == 'sday"}}}}'  # "Tue" -> "Tuesday" from the caller's words, then the end
+    # Nothing the caller said begins so: nothing proposed.
+    context = tokenizer.encode(said + call[:-2] + 'Zed', add_special_tokens=False)
+    assert d.text(context) is None
