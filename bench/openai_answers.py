@@ -59,15 +59,12 @@ def collect(args: argparse.Namespace) -> int:
 def collect_ours(args: argparse.Namespace) -> int:
     """The same turns through this product's engine (the config's target, int8), once at
     gamma 0 and once with the config's drafter: two files, `<out>-gamma0.json` and `<out>-spec.json`."""
-    from llm.engine import SpeculativeEngine
     from llm.types import SamplingParams
+    from pipeline.agent import load_engine
     from pipeline.config import load_config
-    from pipeline.models import resolve_model
 
     cfg = load_config(args.ours).llm
-    draft = resolve_model(cfg.draft) if cfg.drafter in ("model", "hybrid") and cfg.draft else None
-    engine = SpeculativeEngine.load(resolve_model(cfg.target), draft, drafter=cfg.drafter, gamma=cfg.gamma,
-                                    max_gamma=cfg.max_gamma, device=cfg.device, dtype=cfg.dtype)
+    engine = load_engine(cfg)
     turns = json.loads(args.dialogues.read_text())["turns"]
     params = SamplingParams(max_new_tokens=args.max_tokens)
     settings = {"gamma0": ("none", 0), "spec": (cfg.drafter, cfg.gamma)}

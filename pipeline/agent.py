@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm.types import LLMBackend, SamplingParams
 from pipeline.business import rules_block
-from pipeline.config import Config
+from pipeline.config import Config, LLMConfig
 from pipeline.ports import SpeechToText, TextToSpeech
 from pipeline.stages.turn_taking import EndOfTurnModel, TurnTaker
 from voice.turn_detector import TurnPolicy
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentModels", "endpoint_config", "sampling_params", "chars_token_count", "system_prompt",
+__all__ = ["AgentModels", "chars_token_count", "endpoint_config", "load_engine", "sampling_params", "system_prompt",
            "tool_schemas", "tool_values"]
 
 
@@ -68,6 +68,20 @@ def system_prompt(config: Config) -> str:
             "leave a message or speak to a person, reply with only the tool call, for example:\n"
             f"<tool_call>\n{example}\n</tool_call>\n"
             "After the tool's result, tell the caller in one short sentence what it says." + rules)
+
+
+def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | None = None) -> SpeculativeEngine:
+    """The in-process engine an `[llm]` section describes: its models resolved from the
+    model cache, the draft model loaded only for a drafter that uses it. `drafter` and
+    `gamma` override the section's (benchmarks compare settings on one engine)."""
+    from llm.engine import SpeculativeEngine
+    from pipeline.models import resolve_model
+
+    drafter = drafter or llm.drafter
+    draft = resolve_model(llm.draft) if llm.draft and drafter in ("model", "hybrid") else None
+    return SpeculativeEngine.load(resolve_model(llm.target), draft, drafter=drafter,
+                                  gamma=llm.gamma if gamma is None else gamma, max_gamma=llm.max_gamma,
+                                  device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens)
 
 
 def tool_values(config: Config) -> dict[str, list[str]]:
@@ -154,16 +168,9 @@ class AgentModels:
         if config.llm.backend == "speculative":
             import torch
 
-            from llm.engine import SpeculativeEngine
-
             torch.set_num_threads(torch_threads)
             t = time.perf_counter()
-            llm = config.llm
-            draft = resolve_model(llm.draft) if llm.draft and llm.drafter in ("model", "hybrid") else None
-            engine = SpeculativeEngine.load(
-                resolve_model(llm.target), draft, drafter=llm.drafter, gamma=llm.gamma, max_gamma=llm.max_gamma,
-                device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens,
-            )
+            engine = load_engine(config.llm)
             times["llm"] = time.perf_counter() - t
         t = time.perf_counter()
         # The business's words as Whisper's prompt (stt.vocabulary; empty: no prompt).

@@ -164,9 +164,8 @@ def pass_costs(model, shapes=((1, 1), (2, 1), (4, 1), (1, 4), (2, 4), (4, 4), (1
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from llm.engine import SpeculativeEngine
+    from pipeline.agent import load_engine
     from pipeline.config import load_config
-    from pipeline.models import resolve_model
 
     modes = [m for m in args.modes.split(",") if m]
     serves = [s for s in args.serve.split(",") if s]
@@ -179,10 +178,8 @@ def run(args: argparse.Namespace) -> int:
     if threads:
         torch.set_num_threads(threads)
     drafter = cfg.drafter if cfg.drafter != "none" else "ngram"
-    draft = resolve_model(cfg.draft) if drafter in ("model", "hybrid") and cfg.draft else None
     print(f"loading {cfg.target} ({drafter}, {cfg.device}, {cfg.dtype}) ...", file=sys.stderr)
-    engine = SpeculativeEngine.load(resolve_model(cfg.target), draft, drafter=drafter, gamma="auto", max_gamma=cfg.max_gamma,
-                                    device=cfg.device, dtype=cfg.dtype, context_tokens=cfg.context_tokens)
+    engine = load_engine(cfg, drafter=drafter, gamma="auto")
     turns = json.loads(args.dialogues.read_text())["turns"]
     n_max = max(args.calls)
     prompts = [engine.chat_prompt(turns[i % len(turns)]["messages"]) for i in range(n_max)]

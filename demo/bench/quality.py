@@ -386,10 +386,8 @@ def run(args: argparse.Namespace) -> int:
         return rescore(args)
     from tqdm import tqdm
 
-    from llm.engine import SpeculativeEngine
-    from pipeline.agent import sampling_params
+    from pipeline.agent import load_engine, sampling_params
     from pipeline.config import load_config
-    from pipeline.models import resolve_model
     from pipeline.tools import TOOL_SCHEMAS
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -421,10 +419,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = {v: variant_prompts(v, config.agent, data, args.questions.parent) for v in variants}
 
     print(f"loading {llm.target} ({llm.drafter} drafts, {llm.device}, {llm.dtype}) ...", file=sys.stderr)
-    draft = resolve_model(llm.draft) if llm.draft and llm.drafter in ("model", "hybrid") else None
-    engine = SpeculativeEngine.load(resolve_model(llm.target), draft, drafter=llm.drafter, gamma=llm.gamma,
-                                    max_gamma=llm.max_gamma, device=llm.device, dtype=llm.dtype,
-                                    context_tokens=llm.context_tokens)
+    engine = load_engine(llm)
     # The product computes each system prompt's K/V once per process; time that once here.
     used = dict.fromkeys(q.business for q in questions)
     prefill: dict[str, dict] = {v: {} for v in variants}

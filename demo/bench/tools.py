@@ -550,9 +550,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
     from tqdm import tqdm
 
     from llm.backend import SpeculativeBackend
-    from llm.engine import SpeculativeEngine
-    from pipeline.agent import sampling_params, system_prompt, tool_schemas, tool_values
-    from pipeline.models import resolve_model
+    from pipeline.agent import load_engine, sampling_params, system_prompt, tool_schemas, tool_values
 
     # The tools on, as `[tools] enabled = true` gives a call: the same prompt paragraph and schemas.
     config = config.model_copy(update={"tools": config.tools.model_copy(update={"enabled": True})})
@@ -562,10 +560,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
         params = dataclasses.replace(params, max_new_tokens=args.max_new_tokens)
     prompt, schemas = system_prompt(config), tool_schemas(config)
     print(f"loading {llm.target} ({llm.drafter} drafts, {llm.device}, {llm.dtype}) ...", file=sys.stderr)
-    draft = resolve_model(llm.draft) if llm.draft and llm.drafter in ("model", "hybrid") else None
-    engine = SpeculativeEngine.load(resolve_model(llm.target), draft, drafter=llm.drafter, gamma=llm.gamma,
-                                    max_gamma=llm.max_gamma, device=llm.device, dtype=llm.dtype,
-                                    context_tokens=llm.context_tokens)
+    engine = load_engine(llm)
     # As AgentModels.warm: the system block (tools included) computed once, copied into each call.
     prefix = engine.chat_prompt([{"role": "system", "content": prompt}], add_generation_prompt=False, tools=schemas)
     t = time.perf_counter()
