@@ -182,24 +182,24 @@ class CallDrafter:
             return '"name": "' if where.partial.rstrip().endswith("{") else '{"name": "'
         if where.state == "name":
             tool = _one(where.partial, list(self._args))
-            return None if tool is None else tool[len(where.partial):] + '"' + _ARGUMENTS + self._next_arg(tool, [])
+            return None if tool is None else tool[len(where.partial):] + '"' + _ARGUMENTS + self._key(self._args[tool])
         if where.state == "after_name":
-            return _ARGUMENTS[len(where.partial):] + self._next_arg(where.tool, [])
-        args = [a for a in self._args.get(where.tool or "", []) if a not in where.used]
+            return _ARGUMENTS[len(where.partial):] + self._key(self._args.get(where.tool or "", []))
+        left = [a for a in self._args.get(where.tool or "", []) if a not in where.used]  # arguments not written yet
         if where.state == "key_start":
-            return self._next_arg(where.tool, where.used) or None
+            return self._key(left) or None
         if where.state == "key":
-            key = _one(where.partial, args) if where.partial else (args[0] if args else None)
+            key = _one(where.partial, left) if where.partial else (left[0] if left else None)
             return None if key is None else key[len(where.partial):] + '": ' + self._opens.get(key, "")
         if where.state == "value":
             value = self._value(where)
             if value is None:
                 return None
             # Then the next argument, as the model writes it (`",` is one token), or the end.
-            after = [a for a in args if a != where.key]
-            return value + ('", ' + self._next_arg(where.tool, where.used + [where.key]) if after else '"' + where.closer)
+            after = [a for a in left if a != where.key]
+            return value + ('", ' + self._key(after) if after else '"' + where.closer)
         if where.state == "after_value":
-            return (" " + self._next_arg(where.tool, where.used)) if args else None
+            return (" " + self._key(left)) if left else None
         if where.state == "closing":
             return where.closer[len(where.partial):] or None
         return None
@@ -222,10 +222,9 @@ class CallDrafter:
         rest = tail[: end.start() if end else len(tail)].rstrip()
         return rest or None
 
-    def _next_arg(self, tool: str | None, used: list[str]) -> str:
-        """`"<argument>": "` for the tool's first argument not yet written ("" if none)."""
-        left = [a for a in self._args.get(tool or "", []) if a not in used]
-        return f'"{left[0]}": {self._opens.get(left[0], "")}' if left else ""
+    def _key(self, args: list[str]) -> str:
+        """`"<argument>": "` (or without the quote for a number) for the first of `args`; "" if none."""
+        return f'"{args[0]}": {self._opens.get(args[0], "")}' if args else ""
 
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
         t0 = time.perf_counter()

@@ -247,8 +247,7 @@ class SpeculativeEngine:
         {"slot": open slots}) ahead of its other drafters. Nothing with speculation off."""
         if not conv.drafters or any(isinstance(d, CallDrafter) for d in conv.drafters):
             return
-        tok = self.target.tokenizer
-        conv.drafters.insert(0, CallDrafter(tools, self.encode, lambda ids: tok.decode(ids), dict(values or {})))
+        conv.drafters.insert(0, CallDrafter(tools, self.encode, self.target.tokenizer.decode, dict(values or {})))
 
     def warm_prefix(self, prompt: list[int]) -> None:
         """Compute and keep the K/V of a prefix (a system prompt) for all later conversations,
