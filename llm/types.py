@@ -30,9 +30,44 @@ class TokenGroup:
     finish_reason: FinishReason | None = None
 
 
+ConstraintKind = Literal["json_schema", "regex", "grammar"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the model may write: a JSON schema (as JSON text), a regular expression, or a
+    grammar (Lark / EBNF text, as llguidance reads it). The engine masks every position's
+    distribution to the tokens the constraint allows (llm/constrain.py); an OpenAI server
+    is sent the same constraint (`response_format`, or llama.cpp's `grammar`)."""
+
+    kind: ConstraintKind
+    text: str
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> "Constraint":
+        import json
+
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True))
+
+    @classmethod
+    def regex(cls, pattern: str) -> "Constraint":
+        return cls("regex", pattern)
+
+    @classmethod
+    def grammar(cls, lark: str) -> "Constraint":
+        return cls("grammar", lark)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json_schema", "regex", "grammar"):
+            raise ValueError(f"constraint kind must be json_schema, regex or grammar, got {self.kind!r}")
+        if not self.text:
+            raise ValueError(f"empty {self.kind} constraint")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. temperature == 0 means greedy (exact argmax)."""
+    """How to pick tokens. temperature == 0 means greedy (exact argmax). `constraint`:
+    None writes free text; else every token is one the constraint allows."""
 
     max_new_tokens: int = 96
     temperature: float = 0.0
@@ -40,6 +75,7 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0: no nucleus cut
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    constraint: Constraint | None = None
 
     @property
     def greedy(self) -> bool:
