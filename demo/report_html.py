@@ -727,6 +727,12 @@ def _turn_section(report: dict, i: int, turn: dict) -> str:
         flag += '<span class="badge" data-field="tool_fallback">spoke the fallback</span>'
     if turn.get("hold_line"):
         flag += '<span class="badge tool" data-field="hold_line">hold line while the tool ran</span>'
+    guarded = [g for g in turn.get("guarded") or () if isinstance(g, dict)]
+    if guarded:
+        # The fact guard held sentences back: what the model said, and why, on hover.
+        why = "; ".join(f'"{g.get("sentence")}": {g.get("why")}' for g in guarded)
+        flag += (f'<span class="badge" data-field="guarded" title="{esc(why)}">guarded: {len(guarded)} '
+                 f'sentence{"s" if len(guarded) > 1 else ""} not said</span>')
     action = _dict(turn.get("action"))
     if action.get("action"):
         reason = f": {action.get('reason')}" if action.get("reason") else ""

@@ -58,6 +58,7 @@ from typing import Any, Literal, Protocol
 from llm.types import SamplingParams
 from pipeline.agent import chars_token_count, sampling_params, system_prompt, turn_taker
 from pipeline.config import Config
+from pipeline.guard import FactGuard, TurnGuard
 from pipeline.mqtt import MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
 from pipeline.report import CallReport, write_report
@@ -153,6 +154,9 @@ class Call:
         self.executor = executor or voice_executor()
         # The model may call tools (pipeline.tools.ToolBox; the backend renders the schemas).
         self.toolbox = toolbox
+        # The fact guard ([agent] guard): every sentence of the model's checked against the
+        # business's facts and the turn's tool results before TTS (pipeline/guard.py).
+        self.guard = FactGuard(config.business) if config.agent.guard else None
         # Silence endpointing unless a turn-taker with an end-of-turn model is given.
         self.turn_taker = turns if turns is not None else turn_taker(config, None, self.executor)
 
@@ -498,13 +502,25 @@ class Call:
             await respond(backend or self.backend, messages, self.params,
                           SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
                           sentences, turn.timeline, turn.barge_in, turn.llm, emit, self.toolbox,
-                          self.config.tools.hold_line)
+                          self.config.tools.hold_line, self.turn_guard(turn))
             await speaker
         finally:
             if not speaker.done():
                 speaker.cancel()
             await _settle(speaker)
         turn.error = turn.llm.error or turn.speech.error
+
+    def turn_guard(self, turn: Turn) -> TurnGuard | None:
+        """The fact guard for one turn: the caller's words (this turn's and earlier ones'), the
+        turn's tool results as they come, and the database's open slots at that moment."""
+        if self.guard is None:
+            return None
+        store = getattr(self.toolbox, "store", None)
+        guard = TurnGuard(self.guard, turn.user_text, turn.llm.tool_calls,
+                          store.open_slots if store is not None else None,
+                          earlier=[user for user, _ in self.history.exchanges if user])
+        turn.llm.guarded = guard.guarded  # the same list: filled as the turn is spoken
+        return guard
 
     def _turn_emitter(self, turn: Turn) -> Callable[..., None]:
         return lambda kind, **data: self._emit(kind, turn=turn.index, **data)
@@ -531,6 +547,8 @@ class Call:
             entry["tool_fallback"] = True
         if turn.llm.hold_line_t is not None:
             entry["hold_line"] = True  # the first sentence was the hold line, not the model's
+        if turn.llm.guarded:
+            entry["guarded"] = list(turn.llm.guarded)  # sentences the fact guard did not let through
         if turn.llm.action is not None:
             entry["action"] = {"action": turn.llm.action, "reason": turn.llm.action_reason}
             self.ended_by = (turn.llm.action, turn.llm.action_reason)

@@ -77,6 +77,11 @@ class AgentConfig(Section):
     prompt_persona: Persona = "role"  # "role": the business's receptionist/host/...; "checker": compares before agreeing
     # Budget for the conversation history fed to the LLM; older turns are dropped first.
     history_tokens: int = Field(default=1536, ge=64)
+    # The fact guard (pipeline/guard.py): a sentence is spoken only if the [business] facts or
+    # the turn's tool results support it; else a correction or the fallback is said. On in
+    # configs/default.toml; off here so that a config without [business] facts (an explicit
+    # system_prompt) is not judged against the default business.
+    guard: bool = False
 
     def built_prompt(self, business: BusinessConfig) -> str:
         return business_prompt(business, self.prompt_layout, self.prompt_rules, self.prompt_examples, self.prompt_persona)

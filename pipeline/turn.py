@@ -62,6 +62,9 @@ class LLMResult:
     # The hold line ([tools] hold_line, "One moment, please.") spoken when the model began a
     # tool call before saying anything: its monotonic time, None if not spoken.
     hold_line_t: float | None = None
+    # The fact guard's record (pipeline/guard.py): each sentence of the model's not spoken,
+    # why, and what was said instead ({"sentence", "why", "said"}).
+    guarded: list[dict] = field(default_factory=list)
 
     @property
     def model_spoke(self) -> bool:

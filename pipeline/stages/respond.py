@@ -47,14 +47,17 @@ async def respond(
     emit: Callable[..., None] = lambda kind, **data: None,
     toolbox: Any | None = None,
     hold_line: str = "",
+    guard: Callable[[str], str | None] | None = None,
 ) -> LLMResult:
     """Stream the answer; put each sentence into `sentences`, then None. Fills `result` as
     it goes (text, sentences, finish reason, stats, passes at a barge-in, error, tool calls),
     so that a hang-up mid-answer still leaves what was said; returns it. With `toolbox`
     (pipeline.tools.ToolBox) the model may call tools between rounds; `hold_line` is said
-    when the model starts a call before it said anything (AnswerStream.round)."""
+    when the model starts a call before it said anything (AnswerStream.round). `guard`
+    (pipeline.guard.TurnGuard) judges each of the model's sentences before TTS: it returns
+    the sentence, what to say instead, or None (say nothing); our own lines skip it."""
     answer = AnswerStream(backend, params, splitter, sentences, timeline, barge_in, result, emit,
-                          hold_line=hold_line)
+                          hold_line=hold_line, guard=guard)
 
     async def note_barge_in() -> None:
         await barge_in.event.wait()
@@ -101,6 +104,7 @@ class AnswerStream:
     result: LLMResult
     emit: Callable[..., None]
     hold_line: str = ""  # said when a tool call begins before anything was said (once a turn)
+    guard: Callable[[str], str | None] | None = None  # the fact guard: a model sentence -> what is said
     rounds: list[GenerationStats] = field(default_factory=list)  # one per finished generation
     # The last round's text as the model wrote it, tool calls included (the tool step puts it
     # in the history so that the next round's prompt starts with the tokens already in the
@@ -191,9 +195,16 @@ class AnswerStream:
         self.flush()
         self.result.text += (" " if self.result.text and not self.result.text.endswith(" ") else "") + sentence
         self._after_line = True
-        self._hand(sentence)
+        self._hand(sentence, ours=True)
 
-    def _hand(self, sentence: str) -> None:
+    def _hand(self, sentence: str, ours: bool = False) -> None:
+        if self.guard is not None and not ours:
+            said = self.guard(sentence)
+            if said != sentence:
+                self.emit("guarded", sentence=sentence, said=said)
+            if said is None:
+                return
+            sentence = said
         self.timeline.mark("first_sentence")
         self.result.sentences.append(sentence)
         self.sentences.put_nowait(sentence)

@@ -1,0 +1,657 @@
+"""The fact guard: a sentence is spoken only if what it asserts is supported by the
+business's facts or by this turn's tool results.
+
+It sits between the sentence splitter and TTS (pipeline/stages/respond.py). The default
+1.5B model gets about 60% of fact questions right and makes false claims in about 15%
+(README, "Answer quality"); the model cannot be replaced offline, so what it says is
+checked before it is said. Each rule looks for one kind of claim in the sentence and
+asks whether the facts carry it:
+
+  figures       every price, time, count, phone number and duration ("$89", "9 am", "30 days")
+                must stand in a fact line (or tool result, or open slot) about the same thing:
+                the line must share a topic word with the sentence (or, when the sentence
+                names nothing, with the caller's question). "A root canal is $120" fails
+                although "$120" is a fact: it is the filling's price.
+  prices        a price or "free" said of a priced item must be that item's price.
+  days          a day said to be closed must be closed in `[business.hours]`, a day said to
+                be open must be open; a day no fact, result or slot names may not be said.
+  slots         "a slot / an opening / available / a table for N" with a day or time must
+                match one open slot (the database's, at that moment).
+  names         "Dr. X" must be a person of the facts; any capitalised word mid-sentence must
+                be in the facts, the results or the caller's own words.
+  offers        "we offer / we have / there is ..." may name only things the facts name.
+  actions       "you're booked", "I've cancelled", "I've taken your message", "I'm
+                transferring you" need this turn's tool to have done it.
+  agreement     "Yes" / "Sure" / "That's right" to a caller's yes-no question or "..., right?"
+                claim agrees with the claim: the claim itself must pass the rules above,
+                and what it asks about must be in the facts ("Is there parking?").
+
+A failed sentence is not spoken: the caller hears a correction built from the fact that
+contradicts it (a closed day, an item's price, the open slots) when one rule names that
+fact, else the business's fallback sentence, once a turn. Pure and fast: the facts are
+indexed once per business (`FactBook`), a sentence costs a few precompiled regex scans
+(`specvoice bench guard` measures it; README).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from pipeline.business import DAYS, FALLBACK, BusinessConfig, _is_closed, _label_days, day_hours
+
+__all__ = ["FactBook", "FactGuard", "TurnGuard", "Verdict", "normalize"]
+
+# ---------------------------------------------------------------- one spelling for text
+
+_SMALL = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+_NUM_WORD = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[- ](" + "|".join(_SMALL[1:10]) + r"))?|("
+                       + "|".join(_SMALL) + r"))\b")
+_NORMAL_STEPS: list[tuple[re.Pattern, str | Callable]] = [(re.compile(p), r) for p, r in [
+    (r"[\u2019\u2018`]", "'"), (r"[\u201c\u201d]", '"'), (r"[\u2013\u2014]", " - "), (r"\u00a0", " "),
+    (r"\b(dr|mr|mrs|ms|st|ave|no)\.", r"\1"),
+    (r"\bdoctor\b", "dr"),
+    (r"\b([ap])\.\s?m\b\.?", r"\1m"),
+    (r"(\d)\s*([ap]m)\b", r"\1 \2"),
+    (r"\s*o'?clock\b", ""),
+    (r"(\d) in the morning\b", r"\1 am"),
+    (r"(\d) (?:in the afternoon|in the evening|at night)\b", r"\1 pm"),
+    (r"\bnoon\b", "12 pm"), (r"\bmidnight\b", "12 am"),
+    (r"\b(\d{1,2}) (15|30|45) ([ap]m)\b", r"\1:\2 \3"),
+    (r"\b(\d{1,2}):00\b", r"\1"),
+    (r"\b(\d+) dollars? and (\d{1,2}) cents?\b", lambda m: f"${m.group(1)}.{int(m.group(2)):02d}"),
+    (r"(?<!\$)\b(\d+(?:\.\d\d)?) (?:dollars?|bucks|usd)\b", r"$\1"),
+    (r"\$(\d+)\.00\b", r"$\1"),
+    (r"(\d),(\d{3})\b", r"\1\2"),
+    (r"(?<=[a-z])-free\b", "free"),  # "gluten-free" is a kind of pasta, not a price of zero
+    (r"(?<=[a-z])-(?=[a-z])", " "),  # check-up -> check up
+    (r"\bcheckups?\b", "check up"),
+    (r"\s+", " "),
+]]
+
+
+def normalize(text: str) -> str:
+    """Lower case, one spelling per figure: "Nine A.M." / "9:00 am" -> "9 am", "eighty-nine
+    dollars" -> "$89", "check-up" -> "check up", "Dr." -> "dr"."""
+    t = text.lower()
+    t = _NUM_WORD.sub(lambda m: str(_TENS[m.group(1)] + (_SMALL.index(m.group(2)) if m.group(2) else 0))
+                      if m.group(1) else str(_SMALL.index(m.group(3))), t)
+    for pattern, repl in _NORMAL_STEPS:
+        t = pattern.sub(repl, t)
+    return t.strip()
+
+
+# ---------------------------------------------------------------- words and figures
+
+_STOP = frozenset("""
+a an the and or but if so of to in on at by for from with without about into onto over under than then that this
+these those there here it its it's is are was were be been being am do does did done doing have has had having
+will would shall should can could may might must not no nor n't yes yeah yep sure ok okay right correct
+i i'm i'll i've i'd me my mine we we're we'll we've we'd us our ours you you're you'll you've you'd your yours
+he she they them their his her him what which who whom whose when where why how all any both each few more most
+other some such only own same too very just also as up down out off again further once please thank thanks
+let let's get got go going come came make made take takes took give see know like want need help one ones
+cost costs price prices priced much many pay charge charges fee fees something anything nothing everything
+dr really actually well great good sorry course absolutely definitely certainly exactly indeed
+check time times day days today tonight tomorrow now currently still around about approximately
+hi hello hey bye goodbye welcome glad happy
+""".split())
+_WORD = re.compile(r"[a-z][a-z']*")
+_MONEY = re.compile(r"\$\d+(?:\.\d\d)?")
+_TIME = re.compile(r"(?<![\d:.])\d{1,2}(?::\d\d)? [ap]m\b")
+_PHONE = re.compile(r"(?<![\d-])(?:\d{3}-)?\d{3}-\d{4}(?![\d-])")
+_UNITS = r"(?:days?|weeks?|months?|years?|hours?|minutes?|mins?|seconds?|people|persons?|guests?|mbps|gb|percent)"
+_COUNT = re.compile(r"(?<![\w$:.,-])(\d+(?:\.\d+)?)(?: (?:business |working )?(" + _UNITS + r"))?(?!\w|[.:,]\d)")
+_DAY_WORDS = {d.lower(): i for i, d in enumerate(DAYS)}
+_DAY = re.compile(r"\b(monday|tuesday|wednesday|thursday|friday|saturday|sunday)s?\b")
+_DAY_RANGE = re.compile(r"\b(monday|tuesday|wednesday|thursday|friday|saturday|sunday)s? (?:to|through|thru|-) "
+                        r"(monday|tuesday|wednesday|thursday|friday|saturday|sunday)s?\b")
+_WEEK_WORDS = re.compile(r"\b(weekdays?|weekends?|every day|daily|all week|7 days a week)\b")
+_RELATIVE = re.compile(r"\b(today|tonight|tomorrow)\b")
+_DOCTOR = re.compile(r"\bdr (\w+)")
+_NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|neither|nor|cannot|unfortunately|without)\b|n't\b")
+_HEDGE = re.compile(r"\b(?:not sure|don't know|do not know|can't confirm|cannot confirm|i'll check|let me check|"
+                    r"i'd need to check|take a message|no information|don't have (?:that|any|information))")
+_CLAUSE = re.compile(r"[;,]|:(?!\d)| - |\bbut\b|\bwhile\b|\bhowever\b|\band (?=(?:we're |we are |we )?(?:open|closed)\b)")
+_CLOSED = re.compile(r"\bclosed\b|\b(?:not|n't|never) (?:be )?open\b|\bshut\b")
+_OPEN = re.compile(r"\bopen\b")
+_HOURS_WORD = re.compile(r"\b(?:open|opens|close|closes|closing|hours|until|till)\b")
+_AVAILABLE = re.compile(r"\b(?:slots?|openings?(?! hours)|available|availability|vacanc\w+|free at|table for|"
+                        r"tables? (?:at|on|for)|book(?:ing)? (?:you |it |that )?(?:for|on|at|in)|appointments? (?:at|on))\b")
+_FOR_N = re.compile(r"\b(?:for|of|seats?) (\d+)\b")
+_OFFER = re.compile(r"\b(?:we (?:do |also )?(?:offer|have|provide|sell|carry|serve|accept|take|support|do)|"
+                    r"there (?:is|are|'s)|(?:is|are) available|you can (?:get|order|have|use|pay))\b")
+_AGREE = re.compile(r"^(?:yes|yeah|yep|yup|sure|correct|right|that's right|that is right|that's correct|"
+                    r"that is correct|exactly|absolutely|of course|indeed|certainly|definitely|you're right|"
+                    r"you are right|true|that's true)\b")
+_TAG = re.compile(r"(?:,?\s*(?:right|correct|is that right|is that correct|is that true|isn't it|aren't you|"
+                  r"don't you|doesn't it|didn't it|won't it|isn't that right|yes|no))\s*\?\s*$")
+_YES_NO = re.compile(r"^(?:so |and |but |also |um |hmm |great |ok |okay )*(?:do|does|did|is|are|was|were|can|could|"
+                     r"will|would|have|has|should|may)\b")
+# Claims of an action (ours: the 1.5B said "Sure, I'll book that for you" and booked nothing).
+_ACTIONS = {
+    "book_slot": re.compile(
+        r"\b(?:i've|i have|i) (?:booked|scheduled|reserved)\b|\byou(?:'re| are) (?:all )?(?:booked|scheduled|set for|"
+        r"confirmed)\b|\b(?:booking|appointment|reservation) (?:is|has been) (?:confirmed|made|booked|set)\b|"
+        r"\bi(?:'ll| will) (?:book|schedule|reserve)\b|\bbooked (?:you|it|that)\b|\bi'm booking\b"),
+    "cancel_booking": re.compile(
+        r"\b(?:i've|i have|i) cancel+ed\b|\b(?:booking|appointment|reservation) (?:is|has been|was) cancel+ed\b|"
+        r"\bi(?:'ll| will) cancel\b|\bcancel+ed (?:it|that|your)\b|\bi'm cancel+ing\b"),
+    "take_message": re.compile(
+        r"\b(?:i've|i have|i) (?:taken|noted|passed on|recorded|forwarded|left) (?:your|the|a|that) message\b|"
+        r"\bmessage (?:has been |is |was )?(?:taken|noted|passed on|recorded|sent|forwarded)\b|"
+        r"\bi(?:'ll| will) (?:pass|give|forward|send) (?:on )?(?:your|the|that|this) message\b|"
+        r"\bi(?:'ll| will) (?:let (?:them|the staff|dr \w+) know|make sure (?:they|dr \w+|someone) (?:get|know))\b"),
+    "transfer_to_human": re.compile(
+        r"\b(?:transferring|connecting) you\b|\bi(?:'ll| will|'m going to) (?:transfer|connect) you\b|"
+        r"\bputting you through\b|\blet me (?:transfer|connect) you\b"),
+}
+_ACTION_WHAT = {"book_slot": "a booking", "cancel_booking": "a cancellation", "take_message": "a message taken",
+                "transfer_to_human": "a transfer"}
+_SLOT_TAKEN = re.compile(r"\b(?:already|just) (?:been )?(?:booked|taken)\b|\b(?:is|was|has been) (?:booked|taken)\b")
+
+
+def _stem(word: str) -> str:
+    w = word.strip("'").removesuffix("'s")
+    for suffix in ("ing", "es", "s", "ed"):
+        if len(w) > len(suffix) + 3 and w.endswith(suffix):
+            return w[: -len(suffix)]
+    return w
+
+
+def topic_words(norm: str) -> set[str]:
+    """The words that say what a sentence is about: no stop words, no figures, stemmed."""
+    return {_stem(w) for w in _WORD.findall(norm) if w not in _STOP and len(w) > 1 and w.strip("'") not in _STOP}
+
+
+def figures(norm: str) -> list[str]:
+    """The figures in normalised text: money, times, phone numbers, counts with their unit."""
+    out = _MONEY.findall(norm) + _TIME.findall(norm) + _PHONE.findall(norm)
+    rest = _PHONE.sub(" ", _TIME.sub(" ", _MONEY.sub(" ", norm)))
+    for number, unit in _COUNT.findall(rest):
+        out.append(f"{number} {_unit(unit)}" if unit else number)
+    return out
+
+
+def _unit(unit: str) -> str:
+    u = unit.removesuffix("s") if unit not in ("mbps",) else unit
+    return {"min": "minute", "person": "people", "guest": "people", "people": "people"}.get(u, u)
+
+
+def _days_in(norm: str) -> list[int]:
+    """Weekdays a text names, ranges and "weekends" expanded."""
+    days: list[int] = []
+    for m in _DAY_RANGE.finditer(norm):
+        a, b = _DAY_WORDS[m.group(1)], _DAY_WORDS[m.group(2)]
+        days += [(a + i) % 7 for i in range((b - a) % 7 + 1)]
+    for m in _DAY.finditer(norm):
+        days.append(_DAY_WORDS[m.group(1)])
+    for m in _WEEK_WORDS.finditer(norm):
+        w = m.group(1)
+        days += [5, 6] if w.startswith("weekend") else list(range(5)) if w.startswith("weekday") else list(range(7))
+    return list(dict.fromkeys(days))
+
+
+def _clauses(norm: str) -> list[str]:
+    return [c.strip() for c in _CLAUSE.split(norm) if c.strip()]
+
+
+@functools.lru_cache(maxsize=4096)
+def _figure_pattern(fig: str) -> re.Pattern:
+    return re.compile(r"(?<![\w$.:])" + re.escape(fig) + r"(?![\w]|\.\d|:\d)")
+
+
+def _has_figure(line: str, fig: str) -> bool:
+    return _figure_pattern(fig).search(line) is not None
+
+
+# ---------------------------------------------------------------- the facts, indexed once
+
+
+@dataclass(frozen=True)
+class Price:
+    key: str  # as written: "Gigabit plan"
+    value: str  # as written: "$79.99 a month"
+    phrase: str  # the key normalised, its parenthesis dropped: "gigabit plan"
+    words: frozenset[str]  # words that name this item and no other priced item
+    norm_value: str
+
+
+@dataclass
+class FactBook:
+    """What a business's facts support, indexed once per business."""
+
+    business: BusinessConfig
+    lines: list[str]  # normalised fact lines (prices as "price of K: V")
+    line_topics: list[set[str]]
+    line_figures: list[set[str]]
+    vocab: set[str]  # every topic word of the facts (stemmed), the business's name and address included
+    raw_vocab: set[str]  # every word of the facts, unstemmed, for capitalised names
+    prices: list[Price]
+    hours: dict[int, str] | None  # weekday -> hours as written ("closed"), when [business.hours] names days
+    people: set[str]  # "patel", "priya", "moreno": names that follow "Dr." in the facts
+    slots: list[str]  # the configured open slots (a turn passes the database's own)
+    fallback: str
+    labels: list[str] = field(default_factory=list)  # the configured open slots, normalised
+    days: set[int] = field(default_factory=set)  # weekdays the facts name (ranges expanded)
+    norm_hours: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, b: BusinessConfig) -> "FactBook":
+        raw = [b.name, b.role, b.about or "", b.address or "", b.phone and f"phone {b.phone}" or ""]
+        if b.hours:
+            raw.append("opening hours: " + "; ".join(f"{k} {v}" for k, v in b.hours.items()))
+        raw += [f"price of {k}: {v}" for k, v in (b.prices or {}).items()]
+        raw += [f"open slot: {s}" for s in b.open_slots or []]
+        raw += list(b.facts or [])
+        lines = [normalize(r) for r in raw if r]
+        vocab: set[str] = set()
+        raw_vocab: set[str] = set()
+        for line in lines:
+            vocab |= topic_words(line)
+            raw_vocab |= set(_WORD.findall(line))
+        if b.hours:
+            for label in b.hours:  # "Phone support": a label's words are facts too
+                vocab |= topic_words(normalize(label))
+        prices = _prices(b.prices or {})
+        hours = None
+        per_day = day_hours(b.hours) if b.hours else None
+        if per_day is not None:
+            hours = {i: v for i, (_, v) in enumerate(per_day)}
+        people = {m.group(1) for line in lines for m in _DOCTOR.finditer(line)}
+        for line in lines:  # "Dentists: Dr. Priya Patel and Dr. Luis Moreno": first names too
+            for m in re.finditer(r"\bdr (\w+) (\w+)", line):
+                people.add(m.group(2))
+        return cls(b, lines, [topic_words(line) for line in lines], [set(figures(line)) for line in lines], vocab,
+                   raw_vocab, prices, hours, people, list(b.open_slots or []), b.fallback or FALLBACK,
+                   [normalize(x) for x in b.open_slots or []], set(hours or ()) | {d for x in lines for d in _days_in(x)},
+                   {d: normalize(v) for d, v in (hours or {}).items()})
+
+
+def _prices(prices: dict[str, str]) -> list[Price]:
+    phrases = {k: normalize(re.sub(r"\(.*?\)", "", k)).strip() for k in prices}
+    words = {k: topic_words(p) for k, p in phrases.items()}
+    out = []
+    for k, v in prices.items():
+        others = set().union(*(w for o, w in words.items() if o != k)) if len(prices) > 1 else set()
+        out.append(Price(k, v, phrases[k], frozenset(words[k] - others), normalize(v)))
+    return out
+
+
+# ---------------------------------------------------------------- one sentence
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    why: str = ""
+    correction: str | None = None  # a true sentence built from the fact the claim contradicts
+
+
+_OK = Verdict(True)
+
+
+@dataclass
+class Support:
+    """What this turn may also rest on: the tool results (and errors), the database's open
+    slots now, and the caller's own words (their name and number)."""
+
+    results: list[str] = field(default_factory=list)  # normalised, one per tool call
+    done: set[str] = field(default_factory=set)  # tools that succeeded this turn
+    slots: list[str] | None = None  # open slots now (None: the configured ones)
+    caller: str = ""  # this turn's caller line (normalised)
+    caller_words: set[str] = field(default_factory=set)  # every word the caller said in this call
+    # Derived once per turn state (the guard reads them for every sentence):
+    labels: list[str] = field(default_factory=list)  # the open slots, normalised
+    lines: list[tuple[set[str], set[str]]] = field(default_factory=list)  # (figures, topics) of results, slots
+    topics: set[str] = field(default_factory=set)  # every topic word of results and slots
+    days: set[int] = field(default_factory=set)  # weekdays results and slots name
+    caller_digits: str = ""
+
+    @classmethod
+    def of(cls, tool_calls: Iterable[dict] = (), slots: Sequence[str] | None = None, caller: str = "",
+           earlier: Iterable[str] = ()) -> "Support":
+        results, done = [], set()
+        for c in tool_calls:
+            text = json.dumps({"result": c.get("result"), "error": c.get("error"), "arguments": c.get("arguments")},
+                              ensure_ascii=False, default=str)
+            results.append(normalize(re.sub(r'[{}\[\]"_]', " ", text)))
+            if c.get("ok") and c.get("name"):
+                done.add(str(c["name"]))
+        said = normalize(" ".join([*earlier, caller]))
+        labels = [normalize(x) for x in slots or []]
+        lines = [(set(figures(t)), topic_words(t)) for t in [*results, *(f"open slot: {x}" for x in labels)]]
+        return cls(results, done, None if slots is None else list(slots), normalize(caller),
+                   set(_WORD.findall(said)), labels, lines, set().union(*(t for _, t in lines)),
+                   {d for t in [*results, *labels] for d in _days_in(t)}, re.sub(r"\D", "", said))
+
+
+class FactGuard:
+    """The rules over one business's facts. `check(sentence, support)` -> Verdict."""
+
+    def __init__(self, business: BusinessConfig):
+        self.book = FactBook.build(business)
+        self._fallback_norm = {normalize(s) for s in _split_fixed(self.book.fallback)}
+
+    # -- the public check
+
+    def check(self, sentence: str, support: Support | None = None) -> Verdict:
+        s = support or Support()
+        norm = normalize(sentence)
+        if not norm or norm in self._fallback_norm:
+            return _OK
+        if norm.endswith("?") and not _AGREE.match(norm):
+            # A question asserts nothing ("Would you like the Tuesday slot?"), but its figures
+            # and names still must be real: an offered slot that does not exist misleads too.
+            return self._claims(norm, s, question=True)
+        v = self._agreement(norm, s)
+        if not v.ok:
+            return v
+        return self._claims(norm, s)
+
+    # -- the rules
+
+    def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
+        for rule in (self._actions, self._names, self._days, self._slots, self._prices, self._figures,
+                     *(() if question else (self._offers,))):
+            v = rule(norm, s)
+            if not v.ok:
+                return v
+        return _OK
+
+    def _support_lines(self, s: Support) -> list[tuple[set[str], set[str]]]:
+        """(figures, topic words) of every line the turn may rest on."""
+        return list(zip(self.book.line_figures, self.book.line_topics)) + s.lines
+
+    def _figures(self, norm: str, s: Support) -> Verdict:
+        lines = None
+        about = topic_words(norm) or topic_words(s.caller)
+        items = self._priced_items(norm)
+        for clause in _clauses(norm):
+            if _NEGATION.search(clause):
+                continue  # "we don't close at 11 pm": denying a figure asserts none
+            for fig in figures(clause):
+                if _PHONE.fullmatch(fig) and fig.replace("-", "") in s.caller_digits:
+                    continue  # the caller's own number, said back
+                if fig.startswith("$") and any(_has_figure(p.norm_value, fig) for p in items):
+                    continue  # the price of an item the sentence names (the price rule checks which)
+                lines = lines if lines is not None else self._support_lines(s)
+                having = [topics for figs, topics in lines if fig in figs]
+                if not having:
+                    return Verdict(False, f"{fig!r} is not in the facts")
+                if about and not _PHONE.fullmatch(fig) and not re.fullmatch(r"\d{5,}", fig) \
+                        and not any(topics & about for topics in having):
+                    # A phone or order number names one thing; "$120" or "2 days" may be another item's.
+                    return Verdict(False, f"{fig!r} is in the facts, but not about {_as_said(sorted(about), norm)}")
+        return _OK
+
+    def _prices(self, norm: str, s: Support) -> Verdict:
+        if not self.book.prices:
+            return _OK
+        for clause in _clauses(norm):
+            money = _MONEY.findall(clause)
+            free = bool(re.search(r"\bfree\b|\bno charge\b|\bcosts? nothing\b", clause))
+            if not money and not free or _NEGATION.search(clause):
+                continue
+            items = self._priced_items(clause)
+            if not items:
+                continue  # a figure about no priced item: the figure rule looks for it
+            for fig in money:
+                if not any(_has_figure(p.norm_value, fig) for p in items) and not any(
+                        _has_figure(r, fig) for r in s.results):
+                    p = items[0]
+                    return Verdict(False, f"{fig} is not the price of {p.key} ({p.value})",
+                                   f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
+            if free and not any(_free(p.norm_value, clause) for p in items):
+                p = items[0]
+                return Verdict(False, f"{p.key} is not free ({p.value})",
+                               f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
+        return _OK
+
+    def _priced_items(self, text: str) -> list[Price]:
+        words = topic_words(text)
+        return [p for p in self.book.prices
+                if (p.phrase and re.search(r"\b" + re.escape(p.phrase) + r"\b", text)) or p.words & words]
+
+    def _days(self, norm: str, s: Support) -> Verdict:
+        hours = self.book.hours
+        for clause in _clauses(norm):
+            days = _days_in(clause)
+            if not days:
+                continue
+            # A day nobody mentions (facts, results, open slots) is not a day to talk about.
+            known = self.book.days | s.days
+            if not _NEGATION.search(clause) or _CLOSED.search(clause):
+                for d in days:
+                    if d not in known:
+                        return Verdict(False, f"{DAYS[d]} is not in the facts")
+            if hours is None or _AVAILABLE.search(clause):
+                continue
+            if _CLOSED.search(clause):
+                wrong = [d for d in days if not _is_closed(hours[d])]
+                if wrong:
+                    d = wrong[0]
+                    return Verdict(False, f"{DAYS[d]} is open ({hours[d]}), not closed",
+                                   f"Actually, on {DAYS[d]} we're open {_end(hours[d])}")
+            elif _OPEN.search(clause) and not _NEGATION.search(clause):
+                wrong = [d for d in days if _is_closed(hours[d])]
+                if wrong:
+                    d = wrong[0]
+                    return Verdict(False, f"{DAYS[d]} is closed", f"Actually, we're closed on {DAYS[d]}.")
+            if _HOURS_WORD.search(clause) and not _NEGATION.search(clause):
+                for t in _TIME.findall(clause):
+                    bad = [d for d in days if not _is_closed(hours[d]) and not _has_figure(self.book.norm_hours[d], t)]
+                    if bad:
+                        d = bad[0]
+                        return Verdict(False, f"{t} is not in {DAYS[d]}'s hours ({hours[d]})",
+                                       f"Actually, on {DAYS[d]} we're open {_end(hours[d])}")
+        return _OK
+
+    def _open_slots(self, s: Support) -> list[str]:
+        return list(s.slots) if s.slots is not None else list(self.book.slots)
+
+    def _slots(self, norm: str, s: Support) -> Verdict:
+        for clause in _clauses(norm):
+            if not _AVAILABLE.search(clause) or _NEGATION.search(clause):
+                continue
+            doctors = _DOCTOR.findall(clause)
+            labels = s.labels if s.slots is not None else self.book.labels
+            for part in _per_time(clause):  # "a table for 4 at 6 pm and a table for 2 at 9 pm": two claims
+                times, days, rel, counts = _TIME.findall(part), _days_in(part), _RELATIVE.findall(part), \
+                    _FOR_N.findall(part)
+                if not (times or days or rel or counts):
+                    continue
+                if not any(all(_has_figure(label, t) for t in times)
+                           and all(_DAY_WORDS_RE[d].search(label) for d in days)
+                           and all(r in label for r in rel)
+                           and (len(doctors) != 1 or doctors[0] in label)
+                           and all(re.search(rf"\b(?:for|of) {n}\b", label) for n in counts) for label in labels):
+                    slots = self._open_slots(s)
+                    if not slots:
+                        return Verdict(False, "no slot is open", "There are no open slots right now.")
+                    return Verdict(False, "no open slot fits", "The open slots are: " + "; ".join(slots) + ".")
+        return _OK
+
+    def _names(self, norm: str, s: Support) -> Verdict:
+        for name in _DOCTOR.findall(norm):
+            if name not in self.book.people and not any(f"dr {name}" in r for r in s.results):
+                return Verdict(False, f"Dr. {name.title()} is not in the facts")
+        return _OK
+
+    def _offers(self, norm: str, s: Support) -> Verdict:
+        if _HEDGE.search(norm):
+            return _OK
+        known = self._known_topics(s)
+        for clause in _clauses(norm):
+            m = _NOT_OFFERED.search(clause)
+            if m:
+                unknown = sorted(_object_words(clause[m.end():]) - known)
+                if unknown:  # "We don't offer TV packages": the facts do not say that either
+                    return Verdict(False, "denies what the facts do not mention: " + _as_said(unknown, clause))
+                continue
+            m = _OFFER.search(clause)
+            if not m:
+                continue
+            if _NEGATION.search(clause):
+                continue
+            offered = _object_words(clause[m.end():])
+            unknown = sorted(offered - known)
+            if unknown and 2 * len(unknown) > len(offered):  # "free tables": one known word carries it
+                return Verdict(False, f"offers what the facts do not name: {_as_said(unknown, clause)}")
+        return _OK
+
+    def _actions(self, norm: str, s: Support) -> Verdict:
+        for tool, pattern in _ACTIONS.items():
+            m = pattern.search(norm)
+            if m and tool not in s.done and not _negated_before(norm, m.start()):
+                return Verdict(False, f"claims {_ACTION_WHAT[tool]}, but no {tool} succeeded this turn")
+        m = _SLOT_TAKEN.search(norm)
+        if m and not _negated_before(norm, m.start()) and not any("booked" in r or "taken" in r for r in s.results):
+            return Verdict(False, "says a slot is taken, but no tool said so this turn")
+        return _OK
+
+    def _agreement(self, norm: str, s: Support) -> Verdict:
+        """"Yes" to a claim or a yes-no question agrees with what the caller said."""
+        if not _AGREE.match(norm) or not s.caller:
+            return _OK
+        said = [x for x in re.split(r"(?<=[.!?])\s+", s.caller) if x]
+        tagged = [i for i, x in enumerate(said) if _TAG.search(x)]
+        if tagged:
+            # "I'd like Monday morning. You have that open, right?": the claim and what it points at.
+            i = tagged[-1]
+            claim = " ".join(said[max(0, i - 1):i] + [_TAG.sub("", said[i]).rstrip(" ?")])
+        elif said and said[-1].endswith("?") and _YES_NO.match(said[-1]):
+            claim = said[-1].rstrip(" ?")
+        else:
+            return _OK
+        v = self._claims(claim, s)
+        if not v.ok:
+            return Verdict(False, f"agrees with the caller's claim: {v.why}", v.correction)
+        if _EXISTS.search(claim):
+            # "Do you do braces?" / "Is there parking?": what is asked after must be in the facts.
+            asked = _object_words(claim[_EXISTS.search(claim).end():])
+            unknown = sorted(asked - self._known_topics(s))
+            if unknown:
+                return Verdict(False, f"agrees to what the facts do not say: {_as_said(unknown, claim)}")
+        return _OK
+
+    def _known_topics(self, s: Support) -> set[str]:
+        return self.book.vocab | s.topics if s.topics else self.book.vocab
+
+
+_DAY_WORDS_RE = {i: re.compile(rf"\b{d.lower()}s?\b") for i, d in enumerate(DAYS)}
+_OFFER_VERBS = ("offer", "have", "provide", "sell", "carry", "serve", "accept", "take", "support", "available",
+                "order", "use")
+# Words a caller's yes-no question is made of that name nothing ("can I come in", "is there").
+_CALLER_WORDS = {_stem(w) for w in """visit person book booking appointment come able possible maybe think
+    thinking heard told someone friend said""".split()}
+# Questions whether something exists or is offered: a "yes" to them claims it.
+_EXISTS = re.compile(r"^(?:\w+ )?(?:do|does|can|will) (?:you|we|dr \w+|the \w+|it|they|he|she) (?:also )?(?:have|offer|do|sell|"
+                     r"take|accept|carry|provide|serve|speak|support|ship|deliver|include|give|make|fix|repair)\b|"
+                     r"^(?:\w+ )?(?:is|are) there\b|^(?:\w+ )?can (?:i|we) (?:get|have|order|pay|use)\b")
+
+
+_OBJECT_END = re.compile(r"\b(?:if|when|because|for|with|near|to|at|in|on|that|which|who|i|we|you|so|since|after|"
+                         r"before|from|by|and|or|but|too|here|there|anymore)\b|[.?!]")
+
+
+def _object_words(text: str) -> set[str]:
+    """The thing a question or an offer is about: the words up to its first preposition or
+    pronoun ("a store I can visit in person" -> store)."""
+    m = _OBJECT_END.search(text, 1)
+    return topic_words(text[: m.start()] if m else text) - _CALLER_WORDS - {_stem(w) for w in _OFFER_VERBS}
+
+
+_NOT_OFFERED = re.compile(r"\bwe (?:do not|don't|does not|doesn't) (?:currently )?(?:offer|have|provide|sell|carry|"
+                          r"serve|accept|take|do)\b|\bthere (?:is|are) no\b")
+
+
+def _free(value: str, clause: str) -> bool:
+    """A price that is free: "free", "$0", or "waived for X" when the clause names X too."""
+    if re.search(r"\bfree\b|\$0\b", value):
+        return True
+    m = re.search(r"\bwaived\b(.*)", value)
+    return bool(m) and bool(topic_words(m.group(1)) & topic_words(clause))
+
+
+def _as_said(stems: list[str], text: str) -> str:
+    """Stemmed words back as the text spelled them, for a reason a person reads."""
+    spelled = {_stem(w): w.strip("'") for w in _WORD.findall(text)}
+    return ", ".join(spelled.get(w, w) for w in stems[:3])
+
+
+def _end(text: str) -> str:
+    """A fact as the end of a sentence: one full stop ("6 p.m." keeps its own)."""
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _per_time(clause: str) -> list[str]:
+    """A clause cut after each time it names, the tail joined to the last part."""
+    ends = [m.end() for m in _TIME.finditer(clause)]
+    if len(ends) <= 1:
+        return [clause]
+    parts = [clause[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    parts[-1] += clause[ends[-1]:]
+    return parts
+
+
+def _negated_before(norm: str, at: int) -> bool:
+    """A negation in the same clause before `at`: "I haven't booked", "nothing was cancelled"."""
+    start = max(norm.rfind(c, 0, at) for c in ",;.")
+    return bool(_NEGATION.search(norm[start + 1:at]))
+
+
+def _split_fixed(text: str) -> list[str]:
+    from pipeline.sentences import split_sentences
+
+    return split_sentences(text) + [text]
+
+
+# ---------------------------------------------------------------- one turn
+
+
+class TurnGuard:
+    """The guard over one turn's sentences, as they come: `sentence -> what to say` (the
+    sentence, a correction, the fallback, or None: nothing, when a correction or the
+    fallback was said already this turn). `guarded` records every sentence held back."""
+
+    def __init__(self, guard: FactGuard, caller: str = "", tool_calls: list[dict] | None = None,
+                 slots: Callable[[], Sequence[str] | None] | None = None, earlier: Sequence[str] = ()):
+        self.guard = guard
+        self.caller = caller
+        self.tool_calls = tool_calls if tool_calls is not None else []  # live: filled by the tool step
+        self.slots = slots or (lambda: None)
+        self.earlier = list(earlier)
+        self.guarded: list[dict] = []
+        self.said: list[str] = []  # our replacements spoken this turn
+        self._support: Support | None = None
+        self._seen = -1
+
+    def support(self) -> Support:
+        if self._support is None or self._seen != len(self.tool_calls):
+            self._seen = len(self.tool_calls)
+            try:
+                slots = self.slots()
+            except Exception:  # the database is down: judge against the configured slots
+                slots = None
+            self._support = Support.of(self.tool_calls, slots, self.caller, self.earlier)
+        return self._support
+
+    def __call__(self, sentence: str) -> str | None:
+        v = self.guard.check(sentence, self.support())
+        if v.ok:
+            return sentence
+        say = v.correction or self.guard.book.fallback
+        if say in self.said or self.said and say == self.guard.book.fallback:
+            say_now = None  # one correction or fallback a turn is enough
+        else:
+            say_now = say
+            self.said.append(say)
+        self.guarded.append({"sentence": sentence, "why": v.why, "said": say_now})
+        return say_now

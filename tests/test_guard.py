@@ -1,0 +1,289 @@
+"""The fact guard (pipeline/guard.py): each rule with a true and a false sentence, agreement
+with a false premise, the corrections, one turn's record, the guard inside a turn (the
+respond stage, the call's report), and no false positive on any answer `bench quality`
+scored correct (the saved answers of bench/results/quality-*.json)."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from callfakes import FakeModels, ScriptedBackend, ScriptedSTT, ToneTTS
+from llm.types import SamplingParams
+from pipeline.bookings import open_store
+from pipeline.business import FALLBACK, BusinessConfig, default_business
+from pipeline.guard import FactGuard, Support, TurnGuard, normalize
+from pipeline.sentences import SentenceSplitter, split_sentences
+from pipeline.stages.respond import respond
+from pipeline.timeline import TurnTimeline
+from pipeline.tools import ToolBox
+from pipeline.turn import BargeIn, LLMResult
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "demo" / "data"
+
+
+def business(key: str) -> BusinessConfig:
+    text = (DATA / "businesses" / f"{key}.toml").read_text(encoding="utf-8")
+    return BusinessConfig.model_validate(tomllib.loads(text)["business"])
+
+
+@pytest.fixture(scope="module")
+def dental() -> FactGuard:
+    return FactGuard(default_business())
+
+
+@pytest.fixture(scope="module")
+def guards() -> dict[str, FactGuard]:
+    return {k: FactGuard(business(k)) for k in ("dental", "bistro", "isp", "shop")}
+
+
+def ok(guard: FactGuard, sentence: str, caller: str = "", **support) -> bool:
+    return guard.check(sentence, Support.of(caller=caller, **support)).ok
+
+
+def test_normalize_spells_figures_one_way():
+    assert normalize("Nine A.M. on Friday") == "9 am on friday"
+    assert normalize("It's eighty-nine dollars.") == "it's $89."
+    assert normalize("10:00 p.m., check-up, Dr. Patel") == "10 pm, check up, dr patel"
+    assert normalize("gluten-free pasta") == "glutenfree pasta"
+
+
+@pytest.mark.parametrize("true, false", [
+    ("A cleaning is $89.", "A cleaning is $95."),  # a price
+    ("Whitening costs $249.", "The price of a root canal is $120."),  # $120 is the filling's, not a root canal's
+    ("We close at 6 p.m. on Friday.", "We close at 7 p.m. on Friday."),  # a time
+    ("You can reach us at 555-0142.", "You can reach us at 555-0199."),  # a phone number
+])
+def test_figures(dental, true, false):
+    assert ok(dental, true)
+    assert not ok(dental, false)
+
+
+def test_figures_with_units_and_counts(guards):
+    shop, isp = guards["shop"], guards["isp"]
+    assert ok(shop, "Refunds take 5 to 7 business days.")
+    assert not ok(shop, "Refunds take about 2 weeks.")
+    assert ok(isp, "Unplug it for 30 seconds and plug it back in.")
+    assert not ok(isp, "Unplug it for 5 minutes.")
+    assert ok(shop, "Your order 48213 arrives Thursday by 8 p.m.")
+    assert not ok(shop, "Your order 48214 arrives Thursday by 8 p.m.")
+
+
+def test_a_count_the_caller_said_is_not_a_fact(guards):
+    bistro = guards["bistro"]
+    assert ok(bistro, "Tables seat up to 8 people.")
+    assert not ok(bistro, "Our big table seats 12 people.", caller="Your big table seats twelve, right?")
+
+
+def test_prices_of_named_items(guards):
+    isp, shop = guards["isp"], guards["shop"]
+    assert ok(isp, "The Gigabit plan is $79.99 a month.")
+    v = isp.check("The Gigabit plan is $59.99 a month.", Support())
+    assert not v.ok and "Gigabit plan" in v.why
+    assert v.correction == "Actually, the Gigabit plan is $79.99 a month."
+    assert ok(shop, "Standard shipping is free over $50, otherwise $6.95.")
+    assert not ok(shop, "Express shipping is free.")
+    assert ok(isp, "The technician visit is $49, waived for Plus and Gigabit customers.")
+    assert not ok(isp, "Technician visits are always free.")
+
+
+def test_a_days_opening_and_closing(dental, guards):
+    assert ok(dental, "We're closed on Sunday.")
+    v = dental.check("We're open on Sunday.", Support())
+    assert not v.ok and v.correction == "Actually, we're closed on Sunday."
+    assert ok(dental, "Yes, we're open on Saturday from 9 a.m. to 1 p.m.")
+    v = dental.check("Friday is closed.", Support())
+    assert not v.ok and v.correction == "Actually, on Friday we're open 8 a.m. to 6 p.m."
+    assert not ok(dental, "On Saturday we're open until 5 p.m.")
+    assert ok(guards["bistro"], "We're closed on Mondays.")
+    assert not ok(guards["bistro"], "We're open on Monday from 5 p.m.")
+    # A day no fact names (the shop has no hours): "arriving Wednesday" is made up.
+    assert not ok(guards["shop"], "Your order 48213 is arriving Wednesday.")
+
+
+def test_slots_come_from_the_database_at_that_moment(dental):
+    assert ok(dental, "Dr. Moreno has an open slot on Wednesday at 2:15 p.m.")
+    assert not ok(dental, "Dr. Moreno has a slot on Thursday.")
+    assert not ok(dental, "We have an opening on Tuesday at 5 p.m.")
+    # The database says the Wednesday slot was just taken: it may no longer be offered.
+    now = ["Tuesday 10:30 a.m. with Dr. Patel", "Friday 9:00 a.m. with Dr. Patel"]
+    assert ok(dental, "Dr. Patel has a slot on Friday at 9 a.m.", slots=now)
+    v = dental.check("Dr. Moreno has an open slot on Wednesday at 2:15 p.m.", Support.of(slots=now))
+    assert not v.ok and v.correction == "The open slots are: " + "; ".join(now) + "."
+
+
+def test_two_slots_in_one_clause_are_two_claims(guards):
+    bistro = guards["bistro"]
+    assert ok(bistro, "Tomorrow, we have a table for 4 at 6:00 p.m. and a table for 2 at 9:00 p.m.")
+    assert not ok(bistro, "Tomorrow, we have a table for 4 at 9:00 p.m.")
+
+
+def test_names_of_people_and_services(dental, guards):
+    assert ok(dental, "Dr. Priya Patel and Dr. Luis Moreno are our dentists.")
+    assert not ok(dental, "Dr. Smith can see you.")
+    assert ok(dental, "We accept Delta Dental and Aetna.")
+    assert not ok(dental, "We offer braces and implants.")
+    assert not ok(guards["bistro"], "Yes, there is parking available near the restaurant.")
+    assert ok(guards["bistro"], "Yes, gluten-free pasta is available.")
+    # Denying what the facts never mention is a claim too.
+    assert not ok(guards["bistro"], "No, we do not have a kids' menu.")
+
+
+@pytest.mark.parametrize("sentence, tool", [
+    ("You're booked for Tuesday at 10:30 a.m.", "book_slot"),
+    ("I've cancelled your booking.", "cancel_booking"),
+    ("I've taken your message and someone will call you back.", "take_message"),
+    ("I'm transferring you to a colleague now.", "transfer_to_human"),
+])
+def test_claims_of_an_action_need_the_tool(dental, sentence, tool):
+    assert not ok(dental, sentence)
+    done = [{"name": tool, "ok": True, "arguments": {}, "result": {"slot": "Tuesday 10:30 a.m. with Dr. Patel"}}]
+    assert ok(dental, sentence, tool_calls=done)
+    failed = [{**done[0], "ok": False, "result": None, "error": "slot is already booked"}]
+    assert not ok(dental, sentence, tool_calls=failed)
+
+
+def test_offers_and_questions_are_not_action_claims(dental):
+    assert ok(dental, FALLBACK)
+    assert ok(dental, "Would you like me to book the Tuesday slot?")
+    assert ok(dental, "I can take a message and have someone call you back.")
+
+
+@pytest.mark.parametrize("caller, why", [
+    ("You're open on Sundays, right?", "Sunday"),
+    ("I heard a check-up is free. Is that right?", "check-up"),
+    ("Dr. Moreno has a slot on Thursday, right?", "slot"),
+    ("I'd like to book for Monday morning. You have that open, right?", "slot"),
+    ("Does Dr. Patel speak Spanish?", "spanish"),
+    ("Do you do braces?", "brace"),
+])
+def test_agreeing_with_a_false_premise_is_caught(dental, caller, why):
+    for answer in ("Yes.", "That's right.", "Sure, we are.", "Yes, that's correct."):
+        v = dental.check(answer, Support.of(caller=caller))
+        assert not v.ok and why in v.why, (caller, answer, v)
+    assert ok(dental, "No, sorry.", caller=caller)
+
+
+def test_agreeing_with_a_true_premise_passes(dental):
+    assert ok(dental, "Yes, we're open Saturday from 9 a.m. to 1 p.m.", caller="You're open on Saturdays, right?")
+    assert ok(dental, "Yes, we accept Aetna.", caller="Do you take Aetna insurance?")
+    assert ok(dental, "Yes.", caller="Is there parking?")
+
+
+def test_a_false_premise_gets_the_correction(dental):
+    v = dental.check("Yes, we are.", Support.of(caller="You're open on Sundays, right?"))
+    assert v.correction == "Actually, we're closed on Sunday."
+
+
+def test_turn_guard_says_one_replacement_and_records_each_sentence(dental):
+    turn = TurnGuard(dental, caller="How much is a root canal?")
+    assert turn("A root canal is $120.") == dental.book.fallback
+    assert turn("It takes 2 hours.") is None  # the fallback was said this turn already
+    assert turn("Is there anything else?") == "Is there anything else?"
+    assert [g["sentence"] for g in turn.guarded] == ["A root canal is $120.", "It takes 2 hours."]
+    assert turn.guarded[0]["why"] and turn.guarded[0]["said"] == dental.book.fallback
+    assert turn.guarded[1]["said"] is None
+
+
+def test_turn_guard_sees_tool_results_as_they_arrive(dental):
+    calls: list[dict] = []
+    turn = TurnGuard(dental, caller="Book me Tuesday, I'm Ann.", tool_calls=calls)
+    assert turn("You're booked for Tuesday at 10:30 a.m.") != "You're booked for Tuesday at 10:30 a.m."
+    calls.append({"name": "book_slot", "ok": True, "arguments": {"slot": "Tuesday", "name": "Ann"},
+                  "result": {"booked": True, "slot": "Tuesday 10:30 a.m. with Dr. Patel", "name": "Ann"}})
+    turn.said.clear()
+    assert turn("You're booked for Tuesday at 10:30 a.m., Ann.") == "You're booked for Tuesday at 10:30 a.m., Ann."
+
+
+def _saved_answers():
+    questions = {q["id"]: q for q in json.loads((DATA / "quality.json").read_text(encoding="utf-8"))["questions"]}
+    seen = set()
+    for path in sorted(glob.glob(str(ROOT / "bench" / "results" / "quality-*.json"))):
+        for entry in json.loads(Path(path).read_text(encoding="utf-8"))["variants"].values():
+            for row in entry["questions"]:
+                q = questions.get(row["id"])
+                if q is not None and (row["id"], row["answer"]) not in seen:
+                    seen.add((row["id"], row["answer"]))
+                    yield q, row
+
+
+def test_no_false_positive_on_the_right_answers_of_bench_quality(guards):
+    """Every answer bench quality scored correct (all prompt variants ever saved) is let
+    through whole; the false claims it scored are mostly caught."""
+    right = caught = false = 0
+    blocked = []
+    for q, row in _saved_answers():
+        users = [m["content"] for m in q["messages"] if m["role"] == "user"]
+        turn = TurnGuard(guards[q["business"]], users[-1], earlier=users[:-1])
+        for sentence in split_sentences(row["answer"]):
+            turn(sentence)
+        if row["correct"]:
+            right += 1
+            if turn.guarded:
+                blocked.append((q["id"], row["answer"], turn.guarded))
+        elif row["false_claim"]:
+            false += 1
+            caught += bool(turn.guarded)
+    assert right >= 100 and false >= 80  # the saved runs are there
+    assert blocked == []
+    assert caught / false >= 0.8
+
+
+async def test_respond_speaks_what_the_guard_lets_through(dental):
+    backend = ScriptedBackend(["A cleaning is $89. ", "A root canal is ", "$120. ", "Anything else?"])
+    turn = TurnGuard(dental, caller="What do a cleaning and a root canal cost?")
+    sentences: asyncio.Queue = asyncio.Queue()
+    result, events = LLMResult(), []
+    await respond(backend, [{"role": "user", "content": "x"}], SamplingParams(), SentenceSplitter(), sentences,
+                  TurnTimeline(), BargeIn(), result, lambda kind, **d: events.append((kind, d)), guard=turn)
+    spoken = []
+    while (s := sentences.get_nowait()) is not None:
+        spoken.append(s)
+    assert spoken == ["A cleaning is $89.", dental.book.fallback, "Anything else?"]
+    assert result.sentences == spoken
+    assert [g["sentence"] for g in turn.guarded] == ["A root canal is $120."]
+    assert ("guarded", {"sentence": "A root canal is $120.", "said": dental.book.fallback}) in events
+
+
+def _tone(seconds: float) -> np.ndarray:
+    n = int(16000 * seconds)
+    return (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / 16000)).astype(np.float32)
+
+
+async def test_a_call_reports_what_the_guard_held_back(tmp_path):
+    """A whole call with [agent] guard on: the model claims a booking it never made; the
+    caller hears the fallback, the history keeps what was heard, and the report says why."""
+    from pipeline.call import Call
+    from pipeline.config import load_config
+    from pipeline.io import PacedSink, PushSource
+
+    cfg = load_config("test")
+    cfg = cfg.model_copy(update={"report": cfg.report.model_copy(update={"dir": str(tmp_path / "reports")}),
+                                 "agent": cfg.agent.model_copy(update={"guard": True})})
+    store = open_store(tmp_path / "b.sqlite", open_slots=default_business().open_slots)
+    stt = ScriptedSTT(lambda audio: "Book me the Tuesday slot please, I'm Ann.")
+    backend = ScriptedBackend(["Sure, ", "you're booked for Tuesday at 10:30 a.m."])
+    source, sink = PushSource(), PacedSink()
+    turns: list[dict] = []
+    c = Call.from_models(cfg, FakeModels(stt=stt, tts=ToneTTS(chunks=1, chunk_s=0.05)), source, sink,
+                         backend=backend, mqtt=None, toolbox=ToolBox(store, "call-g"), on_turn=turns.append)
+    run = asyncio.create_task(c.run())
+    source.push(_tone(0.4))
+    source.push(np.zeros(16000 // 2, np.float32))
+    await c.wait_turns(1)
+    source.close()
+    report = (await run).to_dict()
+    entry = report["turns"][0]
+    assert entry["guarded"][0]["sentence"] == "Sure, you're booked for Tuesday at 10:30 a.m."
+    assert "book_slot" in entry["guarded"][0]["why"]
+    assert entry["agent_text_heard"] == FALLBACK  # the default business has no fallback of its own
+    assert c.history.exchanges[0][1] == FALLBACK
+    assert store.bookings() == []
+    store.close()
