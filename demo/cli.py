@@ -16,6 +16,7 @@ import sys
 # (name, module) in the order `specvoice --help` lists them.
 COMMANDS: list[tuple[str, str]] = [
     ("call", "demo.commands.call"),
+    ("chat", "demo.commands.chat"),
     ("serve", "demo.commands.serve"),
     ("mic", "demo.commands.mic"),
     ("report", "demo.commands.report"),

@@ -58,7 +58,7 @@ from typing import Any, Literal, Protocol
 from llm.types import SamplingParams
 from pipeline.agent import chars_token_count, sampling_params, system_prompt, turn_taker
 from pipeline.config import Config
-from pipeline.guard import FactGuard, TurnGuard
+from pipeline.guard import FactGuard, turn_guard
 from pipeline.mqtt import MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
 from pipeline.report import CallReport, write_report
@@ -502,25 +502,15 @@ class Call:
             await respond(backend or self.backend, messages, self.params,
                           SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
                           sentences, turn.timeline, turn.barge_in, turn.llm, emit, self.toolbox,
-                          self.config.tools.hold_line, self.turn_guard(turn))
+                          self.config.tools.hold_line,
+                          turn_guard(self.guard, turn.user_text, turn.llm, self.toolbox,
+                                     [user for user, _ in self.history.exchanges if user]))
             await speaker
         finally:
             if not speaker.done():
                 speaker.cancel()
             await _settle(speaker)
         turn.error = turn.llm.error or turn.speech.error
-
-    def turn_guard(self, turn: Turn) -> TurnGuard | None:
-        """The fact guard for one turn: the caller's words (this turn's and earlier ones'), the
-        turn's tool results as they come, and the database's open slots at that moment."""
-        if self.guard is None:
-            return None
-        store = getattr(self.toolbox, "store", None)
-        guard = TurnGuard(self.guard, turn.user_text, turn.llm.tool_calls,
-                          store.open_slots if store is not None else None,
-                          earlier=[user for user, _ in self.history.exchanges if user])
-        turn.llm.guarded = guard.guarded  # the same list: filled as the turn is spoken
-        return guard
 
     def _turn_emitter(self, turn: Turn) -> Callable[..., None]:
         return lambda kind, **data: self._emit(kind, turn=turn.index, **data)

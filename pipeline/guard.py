@@ -40,10 +40,11 @@ import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.business import DAYS, FALLBACK, BusinessConfig, _is_closed, _label_days, day_hours
 
-__all__ = ["FactBook", "FactGuard", "TurnGuard", "Verdict", "normalize"]
+__all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "normalize", "turn_guard"]
 
 # ---------------------------------------------------------------- one spelling for text
 
@@ -655,3 +656,16 @@ class TurnGuard:
             self.said.append(say)
         self.guarded.append({"sentence": sentence, "why": v.why, "said": say_now})
         return say_now
+
+
+def turn_guard(guard: FactGuard | None, caller: str, result: Any, toolbox: Any = None,
+               earlier: Sequence[str] = ()) -> TurnGuard | None:
+    """The guard of one turn (None without a guard): the caller's words, the turn's tool
+    results as they come (`result.tool_calls`, filled by the tool step), the database's
+    open slots at each look (the tool box's store). `result.guarded` becomes its record."""
+    if guard is None:
+        return None
+    store = getattr(toolbox, "store", None)
+    turn = TurnGuard(guard, caller, result.tool_calls, store.open_slots if store is not None else None, earlier)
+    result.guarded = turn.guarded  # the same list: filled as the turn is spoken
+    return turn
