@@ -17,7 +17,7 @@ hear. Use it to try a business file before you put it on a phone line.
 
   specvoice chat --config mybusiness.toml                      # interactive; an empty line or Ctrl-D ends it
   specvoice chat --config mybusiness.toml --script calls.json  # scripted conversations
-  specvoice chat --config mybusiness.toml --script calls.json --json > turns.jsonl
+  specvoice chat --config mybusiness.toml --script calls.json --json       # one JSON line per turn
 
 A script is a JSON list of conversations, each a list of caller lines; a plain list of
 strings is one conversation:
