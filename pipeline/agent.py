@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm.types import LLMBackend, SamplingParams
 from pipeline.business import rules_block
+from pipeline.plan import plan_prompt
 from pipeline.config import Config, LLMConfig
 from pipeline.ports import SpeechToText, TextToSpeech
 from pipeline.stages.turn_taking import EndOfTurnModel, TurnTaker
@@ -51,6 +52,10 @@ def system_prompt(config: Config) -> str:
     called book_slot and said the result."""
     if not config.tools.enabled:
         return config.agent.system_prompt
+    if config.tools.plan:
+        # The plan replaces tool calls (pipeline/plan.py): the facts and rules as without
+        # tools, then how a reply starts. No schemas: ~800 prompt tokens fewer.
+        return f"{config.agent.system_prompt}\n\n{plan_prompt(config.business.open_slots or [])}"
     base, a = config.agent.system_prompt, config.agent
     rules = ""
     if a.prompt_rules and base == a.built_prompt(config.business):
@@ -92,7 +97,7 @@ def tool_values(config: Config) -> dict[str, list[str]]:
 
 def tool_schemas(config: Config) -> list[dict] | None:
     """The tools the model is offered: the receptionist's, when [tools] is enabled."""
-    if not config.tools.enabled:
+    if not config.tools.enabled or config.tools.plan:
         return None
     from pipeline.tools import TOOL_SCHEMAS
 

@@ -504,7 +504,8 @@ class Call:
                           sentences, turn.timeline, turn.barge_in, turn.llm, emit, self.toolbox,
                           self.config.tools.hold_line,
                           turn_guard(self.guard, turn.user_text, turn.llm, self.toolbox,
-                                     [user for user, _ in self.history.exchanges if user]))
+                                     [user for user, _ in self.history.exchanges if user]),
+                          self.config.tools.plan, turn.user_text)
             await speaker
         finally:
             if not speaker.done():
@@ -539,6 +540,8 @@ class Call:
             entry["hold_line"] = True  # the first sentence was the hold line, not the model's
         if turn.llm.guarded:
             entry["guarded"] = list(turn.llm.guarded)  # sentences the fact guard did not let through
+        if turn.llm.plan is not None:
+            entry["plan"] = turn.llm.plan
         if turn.llm.action is not None:
             entry["action"] = {"action": turn.llm.action, "reason": turn.llm.action_reason}
             self.ended_by = (turn.llm.action, turn.llm.action_reason)

@@ -229,6 +229,10 @@ class ToolsConfig(Section):
     # should not sit in silence meanwhile. Not the model's words: it is not in the model's
     # messages, only in what the caller heard. Empty: silence until the answer.
     hold_line: str = "One moment, please."
+    # Decide each turn as a constrained plan ({"act": "book", "slot": <an open slot>, ...},
+    # pipeline/plan.py), act on it through the database, then say what it did, instead of
+    # the model writing tool calls. The prompt then carries no tool schemas.
+    plan: bool = False
 
 
 class Config(Section):

@@ -64,7 +64,8 @@ class TextTurn:
         r = self.result
         return {"turn": self.index, "caller": self.caller, "agent": self.agent, "tools": self.tools(),
                 "guarded": list(r.guarded), "first_sentence_ms": self.first_sentence_ms,
-                "hold_line": r.hold_line_t is not None, "action": r.action, "finish_reason": r.finish_reason,
+                "plan": r.plan, "hold_line": r.hold_line_t is not None, "action": r.action,
+                "finish_reason": r.finish_reason,
                 "error": r.error}
 
 
@@ -98,7 +99,8 @@ class TextConversation:
                       lambda kind, **data: events.append((kind, time.monotonic(), data)),
                       self.toolbox, self.config.tools.hold_line if self.toolbox is not None else "",
                       turn_guard(self.guard, line, result, self.toolbox,
-                                 [user for user, _ in self.history.exchanges if user]))
+                                 [user for user, _ in self.history.exchanges if user]),
+                      self.config.tools.plan, line)
         said = " ".join(result.sentences)
         self.history.add(line, said, result.tool_messages)  # what the caller heard, as a call keeps it
         turn = TextTurn(len(self.turns), line, said, result, timeline, events)

@@ -65,6 +65,8 @@ class LLMResult:
     # The fact guard's record (pipeline/guard.py): each sentence of the model's not spoken,
     # why, and what was said instead ({"sentence", "why", "said"}).
     guarded: list[dict] = field(default_factory=list)
+    # The turn's plan ([tools] plan, pipeline/stages/plan_step.py): act, slot, name, ...
+    plan: dict | None = None
 
     @property
     def model_spoke(self) -> bool:

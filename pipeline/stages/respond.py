@@ -26,6 +26,7 @@ from llm.tool_calls import ToolCallFilter, ToolCallParse
 from llm.types import GenerationStats, SamplingParams
 from pipeline.ports import LLMBackend
 from pipeline.sentences import SentenceSplitter
+from pipeline.stages.plan_step import plan_turn
 from pipeline.stages.tools_step import tool_turn
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import BargeIn, LLMResult
@@ -48,6 +49,8 @@ async def respond(
     toolbox: Any | None = None,
     hold_line: str = "",
     guard: Callable[[str], str | None] | None = None,
+    plan: bool = False,
+    caller_text: str = "",
 ) -> LLMResult:
     """Stream the answer; put each sentence into `sentences`, then None. Fills `result` as
     it goes (text, sentences, finish reason, stats, passes at a barge-in, error, tool calls),
@@ -55,7 +58,9 @@ async def respond(
     (pipeline.tools.ToolBox) the model may call tools between rounds; `hold_line` is said
     when the model starts a call before it said anything (AnswerStream.round). `guard`
     (pipeline.guard.TurnGuard) judges each of the model's sentences before TTS: it returns
-    the sentence, what to say instead, or None (say nothing); our own lines skip it."""
+    the sentence, what to say instead, or None (say nothing); our own lines skip it. `plan`
+    (with a toolbox): the turn is decided as a constrained plan and acted on
+    (stages/plan_step.py) instead of the model calling tools; `caller_text` is its line."""
     answer = AnswerStream(backend, params, splitter, sentences, timeline, barge_in, result, emit,
                           hold_line=hold_line, guard=guard)
 
@@ -68,6 +73,8 @@ async def respond(
     try:
         if toolbox is None:
             await answer.round(messages)
+        elif plan:
+            await plan_turn(answer, messages, toolbox, caller_text)
         else:
             await tool_turn(answer, messages, toolbox)
     except asyncio.CancelledError:

@@ -1,0 +1,172 @@
+"""The turn plan: what the caller's turn asks for, decided as one constrained line before
+the agent says anything, then acted on through the database.
+
+A turn's one generation starts with the plan, then (for a question) the answer:
+
+    {"act": "answer"}
+    We're open Saturday from 9 a.m. to 1 p.m.
+
+    {"act": "book", "slot": "Tuesday 10:30 a.m. with Dr. Patel", "name": "Ann Lee"}
+
+The grammar (`plan_grammar`, a Lark grammar for llm.types.Constraint.grammar) makes any
+other first line impossible: the acts are an enum, a slot is one of the database's open
+slots at that moment (cancel: one of its slots), a name and a message are short strings.
+Everything but the act's first token, the slot's first token, a name and a message is
+forced by the grammar, so the engine drafts it for free (llm/constrain.py). A question's
+answer follows the plan in the same generation (no second prompt, no second prefill:
+what the plan adds to a plain question is its few tokens); an action's plan ends the
+generation, the database does it (`act`), and the caller hears a sentence built from the
+database's result (`Outcome.line`), never a claim the database did not back: a slot
+taken between the plan and the booking is refused by the database's unique index, and
+the line says so and offers the slots that are open now.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ACTS", "Outcome", "Plan", "PlanParse", "act", "parse_plan", "plan_grammar", "plan_prompt"]
+
+# The acts, in the order the prompt lists them. "answer": a question, answered from the facts.
+ACTS = ("answer", "book", "cancel", "message", "transfer", "end_call")
+NAME_CHARS = 40
+MESSAGE_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Plan:
+    act: str
+    slot: str = ""
+    name: str = ""
+    message: str = ""
+
+
+def _lark_string(value: str) -> str:
+    """A Lark literal that matches `value` written as a JSON string (its quotes included)."""
+    return json.dumps(json.dumps(value, ensure_ascii=False), ensure_ascii=False)
+
+
+def _alternatives(values: list[str]) -> str:
+    return " | ".join(_lark_string(v) for v in dict.fromkeys(values))
+
+
+def plan_grammar(open_slots: list[str], all_slots: list[str]) -> str:
+    """The Lark grammar of a turn's output: the plan line, then free text after an answer
+    plan. `open_slots`: what may be booked now; `all_slots`: what may be cancelled.
+    An act whose slot list is empty is left out (nothing to book)."""
+    acts = ['"{\\"act\\": \\"answer\\"}\\n" ANSWER']
+    if open_slots:
+        acts.append('"{\\"act\\": \\"book\\", \\"slot\\": " OPEN ", \\"name\\": " NAME "}"')
+    if all_slots:
+        acts.append('"{\\"act\\": \\"cancel\\", \\"slot\\": " ANY ", \\"name\\": " NAME "}"')
+    acts.append('"{\\"act\\": \\"message\\", \\"name\\": " NAME ", \\"message\\": " MESSAGE "}"')
+    acts.append('"{\\"act\\": \\"transfer\\"}"')
+    acts.append('"{\\"act\\": \\"end_call\\"}"')
+    lines = ["start: " + "\n     | ".join(acts),
+             'ANSWER: /(.|\\n)+/',
+             f'NAME: /"[^"\\\\\\n]{{0,{NAME_CHARS}}}"/',
+             f'MESSAGE: /"[^"\\\\\\n]{{1,{MESSAGE_CHARS}}}"/']
+    if open_slots:
+        lines.append(f"OPEN: {_alternatives(open_slots)}")
+    if all_slots:
+        lines.append(f"ANY: {_alternatives(all_slots)}")
+    return "\n".join(lines) + "\n"
+
+
+def plan_prompt(open_slots: list[str]) -> str:
+    """The system prompt's paragraph that says how a reply starts (the grammar makes it so;
+    this tells the model what each act means, once, in the warmed prompt)."""
+    slot = open_slots[0] if open_slots else "Monday 9:00 a.m."
+    return ("Every reply starts with a plan on its own line, then the answer if there is one:\n"
+            '- a question: {"act": "answer"} then the answer on the next line\n'
+            f'- to book a slot: {{"act": "book", "slot": "{slot}", "name": "<the caller\'s name>"}}\n'
+            f'- to cancel a booking: {{"act": "cancel", "slot": "{slot}", "name": "<the name it is under>"}}\n'
+            '- to leave a message for the staff: {"act": "message", "name": "<name>", "message": "<the message>"}\n'
+            '- to speak to a person: {"act": "transfer"}\n'
+            '- when the caller says goodbye: {"act": "end_call"}\n'
+            "Only book, cancel or take a message when the caller asks for it.")
+
+
+@dataclass(frozen=True)
+class PlanParse:
+    plan: Plan | None  # None: no plan line (a backend that could not be constrained)
+    answer: str  # the text after an answer plan's line
+    error: str | None = None
+
+
+def parse_plan(text: str) -> PlanParse:
+    """A turn's output -> its plan and answer. Never raises: output without a valid plan
+    line is all answer (a server that ignored the constraint), with the reason."""
+    head, newline, rest = text.partition("\n")
+    try:
+        data = json.loads(head)
+    except ValueError:
+        return PlanParse(None, text, "no plan line")
+    if not isinstance(data, dict) or data.get("act") not in ACTS:
+        return PlanParse(None, text, f"not a plan: {head[:80]!r}")
+    values = {k: data.get(k, "") for k in ("slot", "name", "message")}
+    if not all(isinstance(v, str) for v in values.values()):
+        return PlanParse(None, text, f"not a plan: {head[:80]!r}")
+    plan = Plan(data["act"], **{k: v.strip() for k, v in values.items()})
+    return PlanParse(plan, rest if plan.act == "answer" else "")
+
+
+@dataclass
+class Outcome:
+    """What the database did for a plan, and the sentence the caller hears about it."""
+
+    line: str  # built from the result, never from the model's words
+    calls: list[Any] = field(default_factory=list)  # ToolOutcome of each tool run
+    action: str | None = None  # "transfer" / "end_call": the call acts after this turn
+    reason: str | None = None
+
+
+def act(plan: Plan, toolbox: Any, caller_text: str = "") -> Outcome:
+    """Do what `plan` asks through the call's ToolBox (pipeline/tools.py; synchronous:
+    run it in a thread) and say what the database did. Never raises."""
+    store = toolbox.store
+    if plan.act == "book":
+        if not plan.name:
+            return Outcome(f"I can book {plan.slot} for you. May I have your name?")
+        o = toolbox.run("book_slot", {"slot": plan.slot, "name": plan.name})
+        if o.ok:
+            return Outcome(f"You're booked for {o.result['slot']}, under the name {o.result['name']}.", [o])
+        return Outcome(_refused(plan.slot, store), [o])
+    if plan.act == "cancel":
+        if not plan.name:
+            return Outcome("What name is the booking under?")
+        o = toolbox.run("cancel_booking", {"slot": plan.slot, "name": plan.name})
+        if o.ok:
+            return Outcome(f"Your booking for {o.result['slot']} is cancelled.", [o])
+        return Outcome(f"I couldn't find a booking for {plan.slot} under the name {plan.name}.", [o])
+    if plan.act == "message":
+        if not plan.name:
+            return Outcome("Sure, I can take a message. May I have your name?")
+        o = toolbox.run("take_message", {"name": plan.name, "text": plan.message or caller_text})
+        if o.ok:
+            return Outcome("I've taken your message, and someone will call you back.", [o])
+        return Outcome("Sorry, I couldn't take the message just now. Please call again later.", [o])
+    if plan.act == "transfer":
+        o = toolbox.run("transfer_to_human", {"reason": (caller_text or "the caller asked for a person")[:200]})
+        if o.ok:
+            return Outcome("Let me transfer you now.", [o], o.action, o.reason)
+        return Outcome("Sorry, nobody can take the call right now. I can take a message instead.", [o])
+    if plan.act == "end_call":
+        o = toolbox.run("end_call", {})
+        return Outcome("Goodbye.", [o], o.action if o.ok else None)
+    raise ValueError(f"act() is for actions; {plan.act!r} is answered by the model")
+
+
+def _refused(slot: str, store: Any) -> str:
+    """The database refused the booking (taken a moment ago, by another caller perhaps):
+    say so, and offer what is open now."""
+    try:
+        others = store.open_slots()
+    except Exception:  # the database is down: no offer we could stand behind
+        others = []
+    if not others:
+        return f"Sorry, {slot} is no longer available, and no other slot is open. I can take a message instead."
+    offer = others[0] if len(others) == 1 else f"{others[0]}, or {others[1]}"
+    return f"Sorry, {slot} was just taken. I can offer {offer}. Which would you like?"

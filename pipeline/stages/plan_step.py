@@ -1,0 +1,131 @@
+"""The plan step of a turn ([tools] plan): one constrained generation whose first line is
+the turn's plan (pipeline/plan.py), then the database acts, then the caller hears what
+it did.
+
+    {"act": "answer"}\\nWe're open until 6.     -> the line after the plan is spoken as it comes
+    {"act": "book", "slot": ..., "name": ...}  -> ToolBox.book_slot -> "You're booked for ..."
+
+The plan line is never spoken (`PlanFilter`). The grammar is built at the start of the
+turn from the database's open slots, so a plan can only name a slot that was open then;
+one taken by another caller since is refused by the database (its unique index), and
+the turn says so and offers the slots open now. When the act is an action and nothing
+was said yet, the hold line goes out while the plan's slot and name are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from llm.tool_calls import ToolCallParse
+from llm.types import Constraint
+from pipeline.plan import Outcome, act, parse_plan, plan_grammar
+
+if TYPE_CHECKING:
+    from pipeline.stages.respond import AnswerStream
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PlanFilter", "plan_turn"]
+
+_ACT = re.compile(r'\s*\{\s*"act"\s*:\s*"(\w+)"')
+
+
+class PlanFilter:
+    """Holds back the plan line; lets the answer after an answer plan through as it comes.
+    Text that does not open with a plan (a backend that ignored the constraint) is all
+    answer. Same interface as llm.tool_calls.ToolCallFilter (AnswerStream.round)."""
+
+    def __init__(self) -> None:
+        self.text = ""  # everything the model wrote this round
+        self.act: str | None = None
+        self._state = "head"  # head -> answer | action | free
+
+    def feed(self, text: str) -> str:
+        self.text += text
+        if self._state in ("answer", "free"):
+            return text
+        if self._state == "action":
+            return ""
+        head = self.text.lstrip()
+        if head and not head.startswith("{"):
+            self._state = "free"
+            return self.text
+        m = _ACT.match(self.text)
+        if m and self.act is None:
+            self.act = m.group(1)
+            if self.act != "answer":
+                self._state = "action"
+                return ""
+        if self.act == "answer" and "\n" in self.text:
+            self._state = "answer"
+            return self.text.partition("\n")[2]
+        return ""
+
+    @property
+    def holding(self) -> bool:
+        """An action's plan is being written (AnswerStream says the hold line then)."""
+        return self._state == "action"
+
+    def finish(self) -> tuple[str, ToolCallParse]:
+        if self._state == "head":  # no complete plan line: whatever it was, it is the answer
+            parse = parse_plan(self.text)
+            return (parse.answer if parse.plan is None or parse.plan.act == "answer" else ""), ToolCallParse()
+        return "", ToolCallParse()
+
+
+async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: Any, caller_text: str = "") -> None:
+    result = answer.result
+    store = toolbox.store
+    start = time.monotonic()
+    open_slots = await asyncio.to_thread(store.open_slots)
+    all_slots = [s.label for s in await asyncio.to_thread(store.slots, only_open=False) if s.active]
+    grammar = plan_grammar(open_slots, all_slots)
+    filt = PlanFilter()
+    params = answer.params
+    answer.params = dataclasses.replace(params, constraint=Constraint.grammar(grammar))
+    try:
+        await answer.round(messages, filt)
+    finally:
+        answer.params = params
+    parse = parse_plan(filt.text)
+    result.plan = {"act": parse.plan.act if parse.plan else None,
+                   **({k: v for k, v in dataclasses.asdict(parse.plan).items() if v and k != "act"}
+                      if parse.plan else {}),
+                   "open_slots": len(open_slots), "error": parse.error,
+                   "plan_ms": round((time.monotonic() - start) * 1000, 1)}
+    if answer.barge_in.fired or result.finish_reason in ("cancelled", "error"):
+        return
+    if parse.plan is None or parse.plan.act == "answer":
+        return  # the answer was spoken as it came (through the fact guard)
+    t = time.monotonic()
+    try:
+        outcome = await asyncio.to_thread(act, parse.plan, toolbox, caller_text)
+    except Exception as exc:  # act never raises by design; a turn must survive if it does
+        log.exception("plan act %s failed", parse.plan.act)
+        outcome = Outcome("Sorry, I couldn't do that just now. I can take a message instead.")
+        result.error = f"plan: {type(exc).__name__}: {exc}"
+    end = time.monotonic()
+    for o in outcome.calls:
+        result.tool_calls.append({"name": o.name, "arguments": o.arguments, "ok": o.ok, "result": o.result,
+                                  "error": o.error, "elapsed_ms": round(o.elapsed_ms, 3), "action": o.action,
+                                  "reason": o.reason, "round": 0, "start": t, "end": end})
+        answer.emit("tool_result", name=o.name, ok=o.ok, error=o.error, elapsed_ms=o.elapsed_ms)
+    # For the model's later turns: what it decided and what the database said, as a tool
+    # round in the history (as a call with tool calls keeps it).
+    if outcome.calls:
+        result.tool_messages += [
+            {"role": "assistant", "content": "", "as_written": filt.text,
+             "tool_calls": [{"id": f"plan_{i}", "type": "function",
+                             "function": {"name": o.name, "arguments": json.dumps(o.arguments, ensure_ascii=False)}}
+                            for i, o in enumerate(outcome.calls)]},
+            *({"role": "tool", "tool_call_id": f"plan_{i}", "name": o.name, "content": o.content()}
+              for i, o in enumerate(outcome.calls))]
+    if outcome.action is not None:
+        result.action, result.action_reason = outcome.action, outcome.reason
+    answer.line(outcome.line)

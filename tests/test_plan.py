@@ -1,0 +1,185 @@
+"""The turn plan (pipeline/plan.py, pipeline/stages/plan_step.py): its grammar, parsing,
+acting through the real ToolBox on SQLite, and a whole plan turn through the respond
+stage with a scripted backend (what the model writes is scripted; what the database and
+the turn do with it is real). A slot taken between the plan and the booking is refused
+by the database and the caller is offered another."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from callfakes import ScriptedBackend
+from llm.types import SamplingParams
+from pipeline.bookings import open_store
+from pipeline.plan import Plan, act, parse_plan, plan_grammar
+from pipeline.sentences import SentenceSplitter
+from pipeline.stages.plan_step import PlanFilter
+from pipeline.stages.respond import respond
+from pipeline.timeline import TurnTimeline
+from pipeline.tools import ToolBox
+from pipeline.turn import BargeIn, LLMResult
+
+SLOTS = ["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno", "Friday 9:00 a.m. with Dr. Patel"]
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(tmp_path / "b.sqlite", open_slots=SLOTS)
+    yield s
+    s.close()
+
+
+def plan_line(act_: str, **fields) -> str:
+    return json.dumps({"act": act_, **fields})
+
+
+def test_grammar_names_only_the_slots_given():
+    g = plan_grammar(SLOTS[1:], SLOTS)
+    open_rule = next(line for line in g.splitlines() if line.startswith("OPEN:"))
+    assert SLOTS[0] not in open_rule and all(s in open_rule for s in SLOTS[1:])
+    any_rule = next(line for line in g.splitlines() if line.startswith("ANY:"))
+    assert all(s in any_rule for s in SLOTS)
+    # No open slot: booking is not among the acts at all.
+    assert '\\"book\\"' not in plan_grammar([], SLOTS) and "OPEN:" not in plan_grammar([], SLOTS)
+
+
+@pytest.mark.parametrize("text, plan, answer", [
+    ('{"act": "answer"}\nWe open at 8 a.m.', Plan("answer"), "We open at 8 a.m."),
+    (plan_line("book", slot=SLOTS[0], name="Ann Lee"), Plan("book", SLOTS[0], "Ann Lee"), ""),
+    (plan_line("cancel", slot=SLOTS[2], name=" Bo "), Plan("cancel", SLOTS[2], "Bo"), ""),
+    (plan_line("message", name="Cy", message="Call me back"), Plan("message", name="Cy", message="Call me back"), ""),
+    (plan_line("transfer"), Plan("transfer"), ""),
+    (plan_line("end_call"), Plan("end_call"), ""),
+])
+def test_parse_plan(text, plan, answer):
+    parse = parse_plan(text)
+    assert parse.plan == plan and parse.answer == answer and parse.error is None
+
+
+@pytest.mark.parametrize("text", ["We open at 8.", '{"act": "dance"}', '{"act": "book", "slot": 3}', "[1]"])
+def test_output_without_a_plan_is_all_answer(text):
+    parse = parse_plan(text)
+    assert parse.plan is None and parse.answer == text and parse.error
+
+
+def test_plan_filter_speaks_only_the_answer_however_it_is_split():
+    text = '{"act": "answer"}\nWe open at 8. Bye.'
+    for step in (1, 2, 5, len(text)):
+        f = PlanFilter()
+        said = "".join(f.feed(text[i:i + step]) for i in range(0, len(text), step)) + f.finish()[0]
+        assert said == "We open at 8. Bye." and f.act == "answer" and not f.holding
+    f = PlanFilter()
+    assert f.feed('{"act": "bo') == "" and not f.holding
+    assert f.feed('ok", "slot": "Tue') == "" and f.holding and f.act == "book"
+    assert f.feed('sday"}') == "" and f.finish()[0] == ""
+    f = PlanFilter()  # a backend that ignored the constraint: all of it is the answer
+    assert f.feed("We open ") + f.feed("at 8.") + f.finish()[0] == "We open at 8."
+
+
+def test_act_books_cancels_takes_messages(store):
+    box = ToolBox(store, "call-p")
+    o = act(Plan("book", SLOTS[0], "Ann Lee"), box)
+    assert o.line == f"You're booked for {SLOTS[0]}, under the name Ann Lee." and o.calls[0].ok
+    assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Ann Lee")]
+    o = act(Plan("cancel", SLOTS[0], "ann lee"), box)
+    assert o.line == f"Your booking for {SLOTS[0]} is cancelled." and store.bookings(include_cancelled=False) == []
+    o = act(Plan("cancel", SLOTS[1], "Ann Lee"), box)
+    assert not o.calls[0].ok and o.line.startswith("I couldn't find a booking")
+    o = act(Plan("message", name="Cy", message="Call me about my filling"), box)
+    assert o.line.startswith("I've taken your message") and store.messages()[0].text == "Call me about my filling"
+    o = act(Plan("book", SLOTS[1], ""), box)  # no name yet: ask, book nothing
+    assert o.calls == [] and "name" in o.line and store.bookings(include_cancelled=False) == []
+
+
+def test_act_transfer_and_end_call(store):
+    box = ToolBox(store, "call-p")
+    o = act(Plan("transfer"), box, "I want a person")
+    assert (o.action, o.line) == ("transfer", "Let me transfer you now.") and o.reason == "I want a person"
+    o = act(Plan("end_call"), box)
+    assert (o.action, o.line) == ("end_call", "Goodbye.")
+
+
+def test_a_slot_taken_between_plan_and_booking_is_refused_and_another_offered(store):
+    ToolBox(store, "other-call").run("book_slot", {"slot": SLOTS[0], "name": "Someone Else"})
+    o = act(Plan("book", SLOTS[0], "Ann Lee"), ToolBox(store, "call-p"))
+    assert not o.calls[0].ok
+    assert o.line == f"Sorry, {SLOTS[0]} was just taken. I can offer {SLOTS[1]}, or {SLOTS[2]}. Which would you like?"
+    assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Someone Else")]
+
+
+async def turn(backend, box, caller="Can I book Tuesday? I'm Ann Lee.", hold_line=""):
+    sentences: asyncio.Queue = asyncio.Queue()
+    result, events = LLMResult(), []
+    await respond(backend, [{"role": "user", "content": caller}], SamplingParams(), SentenceSplitter(), sentences,
+                  TurnTimeline(), BargeIn(), result, lambda kind, **d: events.append((kind, d)), box, hold_line,
+                  plan=True, caller_text=caller)
+    spoken = []
+    while (s := sentences.get_nowait()) is not None:
+        spoken.append(s)
+    return result, spoken
+
+
+class Recording(ScriptedBackend):
+    """Records the sampling params of each stream (the constraint the turn asked for)."""
+
+    def __init__(self, groups, before_stream=None):
+        super().__init__(groups)
+        self.params: list[SamplingParams] = []
+        self.before_stream = before_stream
+
+    async def stream(self, messages, params, cancel=None):
+        self.params.append(params)
+        if self.before_stream is not None:
+            self.before_stream()
+        async for g in super().stream(messages, params, cancel):
+            yield g
+
+
+async def test_an_answer_plan_speaks_the_answer_only(store):
+    backend = Recording(['{"act": "ans', 'wer"}\nWe open', " at 8 a.m. on Tuesday."])
+    result, spoken = await turn(backend, ToolBox(store, "c"), caller="When do you open Tuesday?")
+    assert spoken == ["We open at 8 a.m. on Tuesday."]
+    assert result.plan["act"] == "answer" and result.tool_calls == []
+    assert backend.params[0].constraint.kind == "grammar"
+
+
+async def test_a_book_plan_books_and_says_what_the_database_did(store):
+    backend = Recording([plan_line("book", slot=SLOTS[1], name="Ann Lee")])
+    result, spoken = await turn(backend, ToolBox(store, "c"), hold_line="One moment, please.")
+    assert spoken == ["One moment, please.", f"You're booked for {SLOTS[1]}, under the name Ann Lee."]
+    assert result.tool_calls[0]["name"] == "book_slot" and result.tool_calls[0]["ok"]
+    assert result.plan == {"act": "book", "slot": SLOTS[1], "name": "Ann Lee", "open_slots": 3, "error": None,
+                           "plan_ms": result.plan["plan_ms"]}
+    # The history gets the plan as the model wrote it and the database's result.
+    assert result.tool_messages[0]["as_written"] == plan_line("book", slot=SLOTS[1], name="Ann Lee")
+    assert json.loads(result.tool_messages[1]["content"])["booked"] is True
+
+
+async def test_the_grammar_offers_only_the_slots_open_at_the_start_of_the_turn(store):
+    ToolBox(store, "other").run("book_slot", {"slot": SLOTS[0], "name": "Someone"})
+    backend = Recording(['{"act": "answer"}\nSure.'])
+    await turn(backend, ToolBox(store, "c"))
+    grammar = backend.params[0].constraint.text
+    open_rule = next(line for line in grammar.splitlines() if line.startswith("OPEN:"))
+    assert SLOTS[0] not in open_rule and SLOTS[1] in open_rule and SLOTS[2] in open_rule
+
+
+async def test_slot_taken_while_the_plan_is_written(store):
+    """Another caller books the slot after this turn's grammar was built (it was open
+    then): the database refuses this booking, and the caller hears so, with other slots."""
+    other = ToolBox(store, "other-call")
+    backend = Recording([plan_line("book", slot=SLOTS[0], name="Ann Lee")],
+                        before_stream=lambda: other.run("book_slot", {"slot": SLOTS[0], "name": "Quick Caller"}))
+    result, spoken = await turn(backend, ToolBox(store, "c"))
+    assert SLOTS[0] in next(line for line in backend.params[0].constraint.text.splitlines() if line.startswith("OPEN:"))
+    assert not result.tool_calls[0]["ok"] and "already booked" in result.tool_calls[0]["error"]
+    assert spoken == [f"Sorry, {SLOTS[0]} was just taken. I can offer {SLOTS[1]}, or {SLOTS[2]}. Which would you like?"]
+    assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Quick Caller")]
+
+
+async def test_a_transfer_plan_ends_the_call_after_the_turn(store):
+    result, spoken = await turn(Recording([plan_line("transfer")]), ToolBox(store, "c"), caller="A person please")
+    assert result.action == "transfer" and spoken == ["Let me transfer you now."]
