@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llm.constrain import ConstraintState
 from llm.detokenize import IncrementalDetokenizer
 from llm.drafters import Drafter, DraftSteps, Proposal, common_prefix
 from llm.gamma import GammaController, Load
 from llm.model import KVCache, Segment, Transformer, forward, new_cache
-from llm.sampling import choose, verify_greedy, verify_sampled, warp
+from llm.sampling import apply_mask, choose, verify_greedy, verify_sampled, warp
 from llm.scheduler import Piece, PieceSteps, SoloRunner
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
@@ -52,11 +53,11 @@ def prefill(model: Transformer, seq: Sequence, prompt: list[int]) -> tuple[torch
 
 # Drafters whose offer costs no forward pass: asked every pass, their offers weighed by
 # the acceptance the controller learns for each (llm/drafters.py, llm/call_drafter.py).
-FREE_DRAFTERS = frozenset({"ngram", "call"})
+FREE_DRAFTERS = frozenset({"ngram", "call", "grammar"})
 
 
 def draft_steps(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int,
-                params: SamplingParams) -> DraftSteps:
+                params: SamplingParams, guide: ConstraintState | None = None) -> DraftSteps:
     """Ask the drafters for at most `limit` tokens and keep the offer worth most tokens/s.
 
     N-gram lookup and the tool-call skeleton (FREE_DRAFTERS) tell their offers for free, so
@@ -64,11 +65,16 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
     whose cost grows with every token, runs only for the gamma the controller picks
     and only if its expected rate beats the free offer. With a fixed gamma the first
     drafter with an offer wins. A generator: the draft model's forwards are yielded
-    (llm.drafters.DraftStep), so the engine thread can batch them across conversations."""
+    (llm.drafters.DraftStep), so the engine thread can batch them across conversations.
+    Under a constraint (`guide`) a free offer is cut before its first token the
+    constraint rejects, so it is weighed for what can be verified; a draft model drafts
+    from its masked distribution."""
     offers: list[tuple[float, Proposal | None, Drafter | None, int]] = []
     for d in drafters:
         if d.name in FREE_DRAFTERS:
             offer = d.propose(context, limit, params)
+            if guide is not None and offer.tokens:
+                offer.tokens = offer.tokens[: guide.valid_prefix(offer.tokens)]
             if offer.tokens:
                 g = controller.choose(offer.source, len(offer.tokens))
                 if g > 0:
@@ -87,6 +93,8 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
     steps = getattr(drafter, "propose_steps", None)
     if steps is None:  # a drafter that runs its own forwards
         return drafter.propose(context, g, params)
+    if guide is not None:
+        return (yield from steps(context, g, params, guide=guide))
     return (yield from steps(context, g, params))
 
 
@@ -103,6 +111,9 @@ class Generation:
     # scheduler batches the passes of all its conversations on one thread; None: each pass
     # runs on the calling thread behind `lock` (llm.scheduler.SoloRunner).
     runner: object | None = None
+    # The constraint's state (llm/constrain.py) when the request has one: every position's
+    # distribution is masked to what it allows, and it moves by the tokens kept.
+    guide: ConstraintState | None = None
 
 
 def speculative_stream(
@@ -147,12 +158,21 @@ def speculative_stream(
         todo = torch.tensor(prompt[keep:], dtype=torch.long, device=target.device)
         return Piece(target, Segment(seq.cache, todo, keep, all_logits=False), 1.0, 0.0)
 
+    guide = gen.guide
+
     def finish_prefill(logits: torch.Tensor) -> int:
         seq.tokens = list(prompt)
-        return choose(logits[-1], params, generator)
+        row = logits[-1]
+        if guide is not None:
+            allowed = guide.mask()
+            stats.forced_tokens += int(allowed.sum()) == 1
+            row = apply_mask(row, allowed)
+        return choose(row, params, generator)
 
     t0 = clock()
     token, _ = runner.run(prepare_prefill, finish_prefill, Load(rows=computed, tokens=1.0))
+    if guide is not None:
+        guide.advance([token])
     stats.prefill_s = clock() - t0
     stats.prefilled_tokens = computed
     stats.passes = 1
@@ -210,8 +230,15 @@ def speculative_stream(
             controller.load = load
             t0 = clock()
             proposal = Proposal([])
-            if limit > 0 and drafters:
-                proposal = yield from draft_steps(drafters, controller, context, limit, params)
+            if limit > 0 and drafters and not (guide is not None and guide.done):
+                proposal = yield from draft_steps(drafters, controller, context, limit, params, guide)
+            if guide is not None:
+                # Drafts end at the first token the constraint rejects (never verified); the
+                # rows' masks are the constraint's state after pending + drafts[:i].
+                kept, box["masks"] = guide.check_drafts(proposal.tokens)
+                if len(kept) < len(proposal.tokens):
+                    probs = None if proposal.probs is None else proposal.probs[: len(kept)]
+                    proposal = Proposal(kept, probs, proposal.source, proposal.cost_s)
             box["draft_s"] = clock() - t0
             box["proposal"] = proposal
             rows = torch.tensor([pending] + proposal.tokens, dtype=torch.long, device=target.device)
@@ -220,6 +247,8 @@ def speculative_stream(
 
         def finish(logits: torch.Tensor, box=box):
             drafts = box["proposal"].tokens
+            if guide is not None:
+                logits = apply_mask(logits, box["masks"])
             if params.greedy:
                 return verify_greedy(logits, drafts)
             return verify_sampled(warp(logits, params), drafts, box["proposal"].probs, generator)
@@ -246,6 +275,12 @@ def speculative_stream(
         for d in drafters:
             d.accepted(len(kept))
         pending = verdict.next_token
+        if guide is not None:
+            # Exactly the accepted drafts and the target's own token; a token each row's
+            # mask left alone was forced.
+            guide.advance(kept + [pending])
+            stats.forced_tokens += int((box["masks"][: len(kept) + 1].sum(dim=-1) == 1).sum())
+            stats.mask_s = guide.mask_s
         group = emit(kept + [pending], len(drafts), len(kept))
         yield group
         if group.finish_reason:

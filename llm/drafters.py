@@ -20,7 +20,7 @@ import torch
 
 from llm.cuda_graphs import timed_forward
 from llm.model import KVCache, Segment, Transformer, new_cache
-from llm.sampling import warp
+from llm.sampling import apply_mask, warp
 from llm.types import SamplingParams
 
 
@@ -140,11 +140,17 @@ class ModelDrafter:
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
         return run_draft_steps(self.propose_steps(context, k, params))
 
-    def propose_steps(self, context: list[int], k: int, params: SamplingParams) -> DraftSteps:
+    def propose_steps(self, context: list[int], k: int, params: SamplingParams, guide=None) -> DraftSteps:
         """`propose` as a generator of forward steps: it yields each step it needs from the
         draft model (a `DraftStep`) and is sent back `(logits, seconds)`. The engine thread
         runs the same step of every conversation drafting in a round as ONE batched forward
-        (llm.scheduler); `propose` runs them here, one at a time."""
+        (llm.scheduler); `propose` runs them here, one at a time.
+
+        `guide` (a llm.constrain.ConstraintState at the context's end): each draft token is
+        chosen from the draft's distribution masked by the constraint, and the returned
+        probabilities are that masked distribution, so a sampled draft never holds a token
+        the constraint rejects (cutting one would bias rejection sampling). The guide is
+        back where it was when this returns."""
         if k <= 0:
             return Proposal([], None, self.name, 0.0)
         # Re-sync: keep the longest common prefix with the cache; always run at least one
@@ -158,6 +164,10 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
+            if guide is not None:
+                if guide.done:
+                    break
+                logits = apply_mask(logits, guide.mask())
             if params.greedy:
                 token = int(torch.argmax(logits))
             else:
@@ -165,19 +175,24 @@ class ModelDrafter:
                 token = int(torch.multinomial(probs, 1, generator=self.generator))
                 rows.append(probs)
             tokens.append(token)
+            if guide is not None:
+                guide.advance([token])
             if i + 1 < k:
                 one = torch.tensor([token], device=self.model.device)
                 logits, seconds = yield DraftStep(self.model, Segment(self.cache, one, len(self.tokens), all_logits=False))
                 logits = logits[-1]
                 self._observe_step(seconds)
                 self.tokens.append(token)
+        if guide is not None and tokens:
+            guide.matcher.rollback(len(tokens))
         probs = None
         if rows:
             probs = torch.stack(rows)
             if probs.shape[1] < self.target_vocab:  # a draft with a smaller head proposes none of the rest
                 probs = torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[1]))
             probs = probs[:, : self.target_vocab]
-        cost = self.sync_s + self.step_s * (k - 1) if self.sync_s else self.step_s * k
+        n = len(tokens)
+        cost = self.sync_s + self.step_s * max(n - 1, 0) if self.sync_s else self.step_s * n
         return Proposal(tokens, probs, self.name, cost)
 
     def _observe_step(self, seconds: float) -> None:
@@ -185,3 +200,4 @@ class ModelDrafter:
 
     def accepted(self, n: int) -> None:
         pass
+

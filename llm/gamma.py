@@ -33,9 +33,23 @@ class SourceStats:
     cost_per_token: float = 0.0  # seconds per drafted token
     idle_passes: int = 0  # passes in a row where this source was not used (for exploration)
 
+    certain: bool = False  # drafts the target cannot refuse (tokens a constraint forces)
+
     @property
     def acceptance(self) -> float:
+        if self.certain:
+            return 1.0
         return self.accepted / (self.accepted + self.rejected)
+
+    @property
+    def estimate(self) -> float:
+        """The acceptance the rate is computed with: a learnt one is never taken as certain."""
+        return 1.0 if self.certain else min(self.acceptance, 0.999)
+
+
+# Tokens a constraint forces (llm/constrain.py GrammarDrafter): the masked target can write
+# nothing else, so they are accepted with certainty and need no learnt estimate.
+CERTAIN_SOURCES = frozenset({"grammar"})
 
 
 def expected_tokens(a: float, g: int) -> float:
@@ -90,7 +104,9 @@ class GammaController:
     load: Load = field(default_factory=Load)  # the batch this conversation's next pass is in
 
     def stats(self, source: str) -> SourceStats:
-        return self.sources.setdefault(source, SourceStats())
+        if source not in self.sources:
+            self.sources[source] = SourceStats(certain=source in CERTAIN_SOURCES)
+        return self.sources[source]
 
     def best(self, source: str, available: int) -> tuple[int, float]:
         """(gamma, expected tokens per second) maximising throughput for drafts from `source`."""
@@ -111,12 +127,12 @@ class GammaController:
         """Expected tokens per second of a pass verifying g drafts from `source` (with the
         other conversations of the pass, all of its tokens over all of its time)."""
         s, load = self.stats(source), self.load
-        tokens = expected_tokens(min(s.acceptance, 0.999), g) + load.tokens
+        tokens = expected_tokens(s.estimate, g) + load.tokens
         return tokens / (g * s.cost_per_token + load.draft_s + self.verify.cost(load.rows + g + 1))
 
     def expected(self, source: str, g: int) -> float:
         """Tokens a pass verifying g drafts from `source` is expected to yield."""
-        return expected_tokens(min(self.stats(source).acceptance, 0.999), g) if g > 0 else 1.0
+        return expected_tokens(self.stats(source).estimate, g) if g > 0 else 1.0
 
     def choose(self, source: str, available: int) -> int:
         """Best number of drafts from `source`, given it can offer `available` of them."""

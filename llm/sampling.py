@@ -38,6 +38,16 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def apply_mask(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Logits with every token a constraint forbids at -inf (llm/constrain.py). `allowed`
+    is bool, one row per row of logits (or one row for all); a model whose head is wider
+    than the mask (padding rows) or narrower gets the common width, the rest forbidden."""
+    width = min(logits.shape[-1], allowed.shape[-1])
+    out = torch.full_like(logits, float("-inf"))
+    out[..., :width] = logits[..., :width].masked_fill(~allowed[..., :width].to(logits.device), float("-inf"))
+    return out
+
+
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """One token from one row of logits: argmax when greedy, else a draw from the warped row."""
     if params.greedy:

@@ -47,7 +47,8 @@ class Constraint:
     def json_schema(cls, schema: dict | str) -> "Constraint":
         import json
 
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True))
+        # Key order kept: JSON-schema grammars write properties in the order they are listed.
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
 
     @classmethod
     def regex(cls, pattern: str) -> "Constraint":
@@ -108,6 +109,8 @@ class GenerationStats:
     total_s: float = 0.0
     ttft_s: float | None = None
     gammas: list[int] = field(default_factory=list)
+    forced_tokens: int = 0  # tokens a constraint allowed alone (nothing else could be written)
+    mask_s: float = 0.0  # time spent computing a constraint's masks
 
     @property
     def tokens_per_pass(self) -> float:
@@ -138,6 +141,8 @@ class GenerationStats:
             "total_s": round(self.total_s, 5),
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 5),
             "mean_gamma": round(sum(self.gammas) / len(self.gammas), 3) if self.gammas else 0.0,
+            "forced_tokens": self.forced_tokens,
+            "mask_s": round(self.mask_s, 5),
         }
 
 
