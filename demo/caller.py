@@ -427,7 +427,7 @@ async def call_in_process(
     """Start a bridge on 127.0.0.1 (random port, a bearer token made here), place one
     simulated call through it, and return (caller result, the pipeline Call)."""
     from pipeline.transports.telephony.auth import BridgeTokens
-    from pipeline.transports.telephony.server import Bridge
+    from pipeline.transports.web.server import Bridge
     from pipeline.transports.telephony.adapter import make_call_handler
 
     token = secrets.token_urlsafe(24)

@@ -23,6 +23,8 @@ them. A report without these fields renders as it did before.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import math
@@ -522,6 +524,13 @@ def v2v_plot_svg(report: dict, width: int = 760, height: int = 240) -> str:
 
 # ---------------------------------------------------------------- HTML
 
+# A click on a turn (data-seek: its start in the recording) plays the recording from there.
+SEEK_LEAD_S = 0.3
+SEEK_SCRIPT = ('(function(){var a=document.getElementById("recording");if(!a)return;'
+               'document.querySelectorAll(".turn[data-seek]").forEach(function(t){t.classList.add("seekable");'
+               't.addEventListener("click",function(){a.currentTime=parseFloat(t.dataset.seek);a.play();});});})();')
+SEEK_SCRIPT_SHA256 = base64.b64encode(hashlib.sha256(SEEK_SCRIPT.encode()).digest()).decode()
+
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2933;margin:24px auto;max-width:1040px;padding:0 16px;background:#fff}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #e4e7eb;padding-bottom:4px}
@@ -545,6 +554,7 @@ table.tool-calls .mono{font:12px ui-monospace,Menlo,Consolas,monospace;white-spa
 table.tool-calls td.ms,table.tool-calls th:nth-child(5){text-align:right}table.tool-calls th:nth-child(1){width:6%}
 table.tool-calls th:nth-child(2){width:17%}table.tool-calls th:nth-child(3){width:31%}table.tool-calls th:nth-child(5){width:8%}tr.tool-call.failed{background:#fff5f5}tr.tool-call.failed .tool-error{color:#ab091e}
 .badge.tool{background:#e3f8ff;color:#0b7285}
+.turn.seekable{cursor:pointer}.turn.seekable:hover{background:#f5f7fa}audio#recording{width:100%}
 """
 # Only on pages with end-of-turn or preemptive data: older reports keep their page as it was.
 TURN_TAKING_CSS = """
@@ -746,8 +756,12 @@ def _turn_section(report: dict, i: int, turn: dict) -> str:
                  f'preemptive: discarded: {esc(why)}</span>')
     v2v = num(_dict(turn.get("metrics")).get("voice_to_voice"))
     v2v_text = f" — voice to voice {v2v:.3f} s" if v2v is not None else ""
+    # Where the turn begins in the call's recording (seconds since the call start, as the
+    # timeline): a page with the recording seeks there when the turn is clicked.
+    seek = num(_dict(turn.get("timeline")).get("speech_start"))
+    seek_attr = f' data-seek="{max(0.0, seek - SEEK_LEAD_S):.3f}"' if seek is not None else ""
     return (
-        f'<div class="turn" id="turn-{i}"><h3>Turn {esc(turn.get("index", i))}{esc(v2v_text)}{flag}</h3>'
+        f'<div class="turn" id="turn-{i}"{seek_attr}><h3>Turn {esc(turn.get("index", i))}{esc(v2v_text)}{flag}</h3>'
         f"{_eot_line(turn, i)}{_preempt_line(turn, i)}{_stt_stream_line(turn, i)}"
         f'<div class="transcript"><div class="user" data-role="user">{esc(turn.get("user_text") or "")}</div>'
         f'<div class="agent" data-role="agent">{_agent_said(turn)}</div></div>'
@@ -889,15 +903,32 @@ def _comparison_table(reports: list[dict]) -> str:
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 
-def render_html(reports: dict | Iterable[dict]) -> str:
-    """One self-contained page: one report, or several with a comparison table first."""
+def _recording_section(url: str) -> str:
+    return (f'<section id="recording-section"><h2>Recording</h2><p class="muted">caller left, agent right; '
+            f'click a turn to hear it</p><audio id="recording" controls preload="metadata" src="{esc(url)}">'
+            f'</audio></section>')
+
+
+def render_html(reports: dict | Iterable[dict], recording: str | None = None) -> str:
+    """One self-contained page: one report, or several with a comparison table first.
+
+    `recording`: the URL of the call's stereo WAV (one report only). The page then plays it,
+    and a click on a turn seeks to that turn: the page's one script, allowed by its hash in
+    the Content-Security-Policy, so no other script (nor an event handler attribute) can run."""
     reports = [reports] if isinstance(reports, dict) else list(reports)
+    if recording is not None and len(reports) != 1:
+        raise ValueError("a recording goes with one report")
     if len(reports) == 1:
         title = f"specvoice call {reports[0].get('call_id') or ''}"
     else:
         title = f"specvoice: {len(reports)} calls compared"
     body = _comparison_table(reports) if len(reports) > 1 else ""
     body += "".join(_report_section(r, i) for i, r in enumerate(reports))
+    script_src = media_src = ""
+    if recording is not None:
+        body = _recording_section(recording) + body + f"<script>{SEEK_SCRIPT}</script>"
+        script_src = f" script-src 'sha256-{SEEK_SCRIPT_SHA256}';"
+        media_src = " media-src 'self' file:;"
     css = CSS
     if any(uses_preemption(r) or has_eot_delay(r) or any(t.get("end_of_turn") for t in turns(r)) for r in reports):
         css += TURN_TAKING_CSS
@@ -906,14 +937,14 @@ def render_html(reports: dict | Iterable[dict]) -> str:
         '<html lang="en"><head><meta charset="utf-8">'
         # No scripts, no fetches: even a hostile transcript that escaped escaping could not run.
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        "img-src data:\">"
+        f"img-src data:;{script_src}{media_src}\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{css}</style></head><body>{body}</body></html>\n"
     )
 
 
-def write_html(reports: dict | Iterable[dict], path: str | Path) -> Path:
+def write_html(reports: dict | Iterable[dict], path: str | Path, recording: str | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(reports), encoding="utf-8")
+    path.write_text(render_html(reports, recording), encoding="utf-8")
     return path

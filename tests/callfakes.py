@@ -23,7 +23,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from pipeline.transports.telephony.auth import BridgeTokens
-from pipeline.transports.telephony.server import Bridge
+from pipeline.transports.web.server import Bridge
 from pipeline.transports.telephony.protocol import Clear, Media, OutboundMark, OutboundMedia, Start, Stop, encode_event, parse_outbound
 from llm.types import TokenGroup
 from pipeline.config import load_config

@@ -18,7 +18,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from callfakes import wait_for
 from pipeline.transports.telephony.auth import BridgeTokens, twilio_signature
 from pipeline.playout import LATE_GAP_S, wait_confirmed
-from pipeline.transports.telephony.server import Bridge, BridgeAuthError, TelephonyCall
+from pipeline.transports.telephony.call import TelephonyCall
+from pipeline.transports.web.server import Bridge, BridgeAuthError
 from pipeline.transports.telephony.protocol import (
     Clear,
     Dtmf,

@@ -152,7 +152,7 @@ async def test_call_through_bridge_audio_marks_clear_and_report(models, tmp_path
 @needs_models
 async def test_three_calls_at_once_each_get_their_own_answers_and_report(models, tmp_path):
     from pipeline.transports.telephony.auth import BridgeTokens
-    from pipeline.transports.telephony.server import Bridge
+    from pipeline.transports.web.server import Bridge
     from demo.caller import SimulatedCaller, prepare_lines
     from pipeline.transports.telephony.adapter import make_call_handler
 
@@ -199,7 +199,7 @@ async def test_wrong_token_is_refused_at_handshake(models, tmp_path):
     from websockets.exceptions import InvalidStatus
 
     from pipeline.transports.telephony.auth import BridgeTokens
-    from pipeline.transports.telephony.server import Bridge
+    from pipeline.transports.web.server import Bridge
     from demo.caller import Line, SimulatedCaller
     from pipeline.transports.telephony.adapter import make_call_handler
 

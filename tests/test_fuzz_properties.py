@@ -134,7 +134,7 @@ def test_outbound_framer_any_chunking_gives_whole_frames_in_order(items):
     160-sample frames (only the last before a mark or the end may be short), samples and
     marks in order. Sent far ahead of real time, so nothing waits on the clock."""
     from pipeline.playout import Playout
-    from pipeline.transports.telephony.server import TwilioWriter
+    from pipeline.transports.telephony.call import TwilioWriter
     from voice import mulaw
     from voice.tts import AudioChunk
 

@@ -41,7 +41,8 @@ from pipeline.tools import ToolBox
 from pipeline.transports.telephony.adapter import NoTransferLine
 from pipeline.transports.telephony.auth import BridgeTokens, twilio_signature
 from pipeline.transports.telephony.protocol import Dtmf, encode_event
-from pipeline.transports.telephony.server import NO_TRANSFER_LINE, TelephonyCall
+from pipeline.transports.telephony.call import TelephonyCall
+from pipeline.transports.telephony.twiml import NO_TRANSFER_LINE
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -196,7 +197,7 @@ async def test_a_handler_asking_for_transfer_without_a_number_gets_an_apology_an
     async def transferring(call: TelephonyCall) -> None:
         call.agent_action = "transfer"
 
-    from pipeline.transports.telephony.server import Bridge
+    from pipeline.transports.web.server import Bridge
 
     bridge = Bridge(rel_config(tmp_path).bridge, transferring, BridgeTokens.of(bearer_token=TOKEN))
     port = await bridge.start()

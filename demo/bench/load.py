@@ -237,7 +237,7 @@ def _words(text: str) -> set[str]:
 async def start_server(cfg, models, max_calls: int) -> dict[str, Any]:
     """The bridge (bearer token, max_calls) with the agent behind it, as `specvoice serve` runs it."""
     from pipeline.transports.telephony.auth import BridgeTokens
-    from pipeline.transports.telephony.server import Bridge
+    from pipeline.transports.web.server import Bridge
     from pipeline.transports.telephony.adapter import make_call_handler
 
     token = secrets.token_urlsafe(24)

@@ -13,6 +13,9 @@ summary, and write one self-contained HTML page (no external resources) with the
 latency summary, a waterfall per turn, voice-to-voice over the call and the
 transcripts. With several reports, both add a comparison table.
 
+A call with a recording beside its report (CALL.wav: `specvoice call` and calls from the
+page of `specvoice serve` write one) gets a player on the page; a click on a turn plays it.
+
 A call that used tools (bookings, messages, transfer) also gets a tools line in the
 summary (calls, failures, voice to voice of turns with a tool call apart from the
 others) and, on the page, each tool call as a bar in its turn's waterfall (a failed one
@@ -37,6 +40,17 @@ def default_html_path(paths: list[Path]) -> Path:
     return paths[0].parent / "comparison.html"
 
 
+def recording_link(paths: list[Path], out: Path) -> str | None:
+    """The call's recording (the stereo WAV beside its report: `specvoice call` and browser
+    calls write one) as a link from the page, which then plays it; one report only."""
+    import os
+
+    if len(paths) != 1 or not paths[0].with_suffix(".wav").is_file():
+        return None
+    wav = paths[0].with_suffix(".wav").resolve()
+    return Path(os.path.relpath(wav, out.resolve().parent)).as_posix()
+
+
 def run(args: argparse.Namespace) -> int:
     from demo.report_html import ReportError, load_report, text_comparison, text_summary, write_html
 
@@ -55,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if args.no_html:
         return 0
     out = Path(args.html) if args.html else default_html_path(paths)
+    recording = recording_link(paths, out)
     try:
-        write_html(reports, out)
+        write_html(reports, out, recording)
     except OSError as exc:
         print(f"specvoice report: cannot write {out}: {exc}", file=sys.stderr)
         return 1

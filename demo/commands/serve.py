@@ -1,25 +1,37 @@
-"""`specvoice serve`: the telephony bridge with the agent behind it."""
+"""`specvoice serve`: the agent on one HTTP port: phone calls (Twilio), a call page, metrics."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-HELP = "serve phone calls: Twilio Media Streams WebSocket bridge"
+HELP = "serve the agent: Twilio phone calls, a browser call page, /calls and /metrics, on one port"
 DESCRIPTION = """\
-Serve phone calls over the Twilio Media Streams WebSocket protocol. One port serves:
-  /media-stream   the WebSocket stream (one call per connection)
-  /voice          Twilio's voice webhook (configure it with HTTP GET): TwiML that
+Serve the agent on one port (an ASGI app on uvicorn):
+
+  /               the call page: press Call, allow the microphone, talk to the agent
+  /calls          recent calls, each linking to its report page (with the recording)
+  /metrics        Prometheus metrics (calls, refusals, turns, latency histograms, LLM speed)
+  /voice          Twilio's voice webhook (POST, Twilio's default, or GET): TwiML that
                   connects the call to the stream
-  /health         JSON: ok, calls active, max calls
+  /media-stream   Twilio Media Streams WebSocket (one phone call per connection)
+  /stream-ended   what Twilio does once the stream ends (transfer or hang up)
+  /health         JSON: ok, calls active, max calls (503 while draining)
 
-Callers authenticate at the handshake with a Twilio signature (TWILIO_AUTH_TOKEN or
-bridge.twilio_auth_token_file) or `Authorization: Bearer` (SPECVOICE_BRIDGE_TOKEN or
-bridge.auth_token_file). Behind a tunnel or proxy set bridge.public_url (the wss:// URL
-Twilio sees), since that is the URL Twilio signs.
+Talk to it from this machine's browser:
 
-  TWILIO_AUTH_TOKEN=... specvoice serve --host 0.0.0.0 --port 8765
-  specvoice serve --insecure          # local development only: no authentication
+  specvoice serve --insecure --open          # opens http://127.0.0.1:8765/
+
+Twilio's paths take a Twilio signature (TWILIO_AUTH_TOKEN or bridge.twilio_auth_token_file)
+or `Authorization: Bearer` (SPECVOICE_BRIDGE_TOKEN or bridge.auth_token_file). The page,
+/calls and /metrics are open while the server listens on loopback only; on any other
+address (or behind bridge.public_url) they need SPECVOICE_BRIDGE_TOKEN, as a bearer token or
+as the password of HTTP basic auth (the browser asks). Behind a tunnel or proxy set
+bridge.public_url (the URL Twilio sees), since that is the URL Twilio signs.
+
+  TWILIO_AUTH_TOKEN=... SPECVOICE_BRIDGE_TOKEN=... specvoice serve --host 0.0.0.0 --port 8765
+
+SIGTERM drains: no new calls (503), calls in progress go on for up to bridge.drain_s.
 """
 
 
@@ -27,19 +39,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="interface to listen on (default: bridge.host)")
     parser.add_argument("--port", type=int, help="port (default: bridge.port; 0 picks a free one)")
     parser.add_argument("--config", help="config name or TOML file (default: configs/default.toml)")
-    parser.add_argument("--public-url", help="the public wss:// URL of the bridge (default: bridge.public_url)")
+    parser.add_argument("--public-url", help="the public URL of the server, as Twilio sees it (default: bridge.public_url)")
     parser.add_argument("--insecure", action="store_true",
                         help="accept calls without authentication (local development only)")
+    parser.add_argument("--open", action="store_true", help="open the call page in a web browser once ready")
+
+
+def page_url(host: str, port: int) -> str:
+    """Where a person on this machine finds the page (a wildcard address is reached on loopback)."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/"
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import signal
     import logging
+    import signal
 
-    from pipeline.transports.telephony.auth import AuthConfigError, load_tokens
-    from pipeline.transports.telephony.server import Bridge, check_auth_configured
     from demo.commands import load_config_or_exit
+    from pipeline.transports.telephony.auth import AuthConfigError, load_tokens
+    from pipeline.transports.web.server import check_auth_configured
 
     config = load_config_or_exit(args.config, "specvoice serve")
     updates = {k: v for k, v in (("host", args.host), ("port", args.port), ("public_url", args.public_url))
@@ -54,28 +76,31 @@ def run(args: argparse.Namespace) -> int:
     if args.insecure and not tokens.configured:
         logging.getLogger("demo.serve").warning("--insecure: anyone who can reach the port can place calls")
 
-    try:
-        from pipeline.transports.telephony.adapter import make_call_handler
-    except ImportError as exc:
-        print(
-            "specvoice serve: the telephony pipeline is not available "
-            f"(pipeline.transports.telephony.adapter.make_call_handler: {exc})", file=sys.stderr,
-        )
-        return 2
-
+    from demo.report_html import render_html
     from pipeline.models import ModelNotFoundError
+    from pipeline.transports.web.agent_server import agent_server
 
     try:
-        on_call = make_call_handler(config)  # loads the models now: a missing one is a one-line error
+        # Loads the models now: a missing one is a one-line error, and the first call rings a ready server.
+        bridge = agent_server(config, tokens, bridge_config=bridge_config, insecure=args.insecure,
+                              render_report=render_html)
     except (ModelNotFoundError, OSError, RuntimeError, ValueError, ImportError) as exc:
         print(f"specvoice serve: cannot load the models: {exc}", file=sys.stderr)
         return 2
-    bridge = Bridge(bridge_config, on_call, tokens, insecure=args.insecure)
+    if not bridge.access.pages_reachable:
+        print("specvoice serve: the call page, /calls and /metrics need SPECVOICE_BRIDGE_TOKEN on this address "
+              "(none is set: they refuse everyone; Twilio calls are served)", file=sys.stderr)
 
     async def main() -> None:
         port = await bridge.start()
+        url = page_url(bridge_config.host, port)
         print(f"specvoice bridge listening on {bridge_config.host}:{port} "
               f"(/media-stream, /voice, /health; max {bridge_config.max_calls} calls)", flush=True)
+        print(f"talk to the agent: {url}   recent calls: {url}calls   metrics: {url}metrics", flush=True)
+        if args.open:
+            import webbrowser
+
+            webbrowser.open(url)
         # SIGTERM (what systemd, Docker and Kubernetes send) drains: no new calls (503, and
         # /health 503 so a load balancer moves on), calls in progress go on for up to
         # bridge.drain_s, then the rest are closed (1001, going away) with their reports, and

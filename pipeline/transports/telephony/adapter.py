@@ -36,7 +36,7 @@ from pipeline.config import Config
 from pipeline.ports import AudioFrame
 from pipeline.stages.listen import KeyPress
 from pipeline.transports.telephony.protocol import Dtmf, Media, Stop
-from pipeline.transports.telephony.server import TelephonyCall
+from pipeline.transports.telephony.call import TelephonyCall
 from voice import mulaw
 from voice.audio import PHONE_RATE, STT_RATE, to_float32
 

@@ -1,0 +1,73 @@
+"""A Starlette WebSocket as the telephony loop's `StreamSocket` (and the browser call's).
+
+ASGI reports a close as a `websocket.disconnect` message whichever side closed; the loop
+needs to know which (a close the server made for a reason of its own is logged as a
+protocol error), so closes made here are remembered, and the codes uvicorn itself sends
+when a frame breaks the rules (1002 protocol, 1007 bad UTF-8, 1009 over the size limit)
+count as the server's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from websockets.exceptions import ConnectionClosed
+
+from pipeline.transports.telephony.media_stream import StreamClosed
+
+__all__ = ["AsgiSocket", "peer_of"]
+
+# Close codes uvicorn sends itself when an incoming frame breaks a limit or the protocol.
+SERVER_CODES = frozenset({1002, 1007, 1009})
+
+
+def peer_of(scope_client) -> str:
+    if scope_client:
+        return f"{scope_client[0]}:{scope_client[1]}"
+    return "?"
+
+
+class AsgiSocket:
+    def __init__(self, ws: WebSocket):
+        self.ws = ws
+        self.peer = peer_of(ws.client)
+        self.sent_code: int | None = None  # set once we closed it
+
+    @property
+    def open(self) -> bool:
+        return self.sent_code is None and self.ws.application_state == WebSocketState.CONNECTED
+
+    async def recv(self) -> str | bytes:
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            code = message.get("code")
+            ours = self.sent_code is not None or code in SERVER_CODES
+            raise StreamClosed(self.sent_code if self.sent_code is not None else code, ours,
+                               message.get("reason") or "")
+        if message.get("text") is not None:
+            return message["text"]
+        return message.get("bytes") or b""
+
+    async def send(self, text: str) -> None:
+        if self.sent_code is not None:
+            raise ConnectionClosed(None, None)
+        try:
+            await self.ws.send_text(text)
+        except (WebSocketDisconnect, OSError, RuntimeError) as exc:
+            raise ConnectionClosed(None, None) from exc
+
+    async def send_bytes(self, data: bytes) -> None:
+        if self.sent_code is not None:
+            raise ConnectionClosed(None, None)
+        try:
+            await self.ws.send_bytes(data)
+        except (WebSocketDisconnect, OSError, RuntimeError) as exc:
+            raise ConnectionClosed(None, None) from exc
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.sent_code is not None:
+            return
+        self.sent_code = code
+        with contextlib.suppress(Exception):  # already gone: nothing to close
+            await self.ws.close(code, reason)
