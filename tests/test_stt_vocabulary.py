@@ -131,6 +131,7 @@ def fake_stt(model: FakeWhisperModel, **options) -> WhisperSTT:
     stt = object.__new__(WhisperSTT)  # no model folder: only the decoding logic is under test
     stt.model = model
     stt.language, stt.beam_size, stt.vad_filter = "en", 1, False
+    stt.window, stt.window_pad_s = "full", 4.0
     stt.silence_dbfs, stt.no_speech_threshold, stt.logprob_threshold = -55.0, 0.6, -1.0
     stt.initial_prompt = options.get("initial_prompt")
     stt.hotwords = options.get("hotwords")

@@ -159,12 +159,13 @@ class WhisperWords:
         stt = self.stt
         if audio.size < STT_RATE // 10 or rms_dbfs(audio) < stt.silence_dbfs:
             return []
+        from voice.stt import WhisperPrompt
+
         initial = " ".join(p for p in (stt.initial_prompt, prompt) if p) or None
-        segments, _info = stt.model.transcribe(
-            audio, language=stt.language, beam_size=self.beam_size, temperature=0.0,
-            condition_on_previous_text=False, word_timestamps=True, vad_filter=False,
-            initial_prompt=initial, hotwords=stt.hotwords,
-        )
+        # Through the engine's window and guards: with window="audio" a pass costs what
+        # its audio costs, not a 30 s window.
+        segments, _cut = stt.segments(audio, self.beam_size, WhisperPrompt(initial, stt.hotwords),
+                                      word_timestamps=True)
         out: list[Word] = []
         for seg in segments:
             if seg.no_speech_prob > stt.no_speech_threshold and seg.avg_logprob < stt.logprob_threshold:

@@ -16,6 +16,13 @@ conditions on: `initial_prompt` (decoded as if it were the previous sentence) an
 come from one plain list of words and phrases (`WhisperPrompt.from_vocabulary`); one
 engine serves calls of different businesses, so `transcribe_full` also takes a
 per-call `prompt`.
+
+Whisper's window: faster-whisper pads every utterance's mel to Whisper's 30 s window, so a
+3 s turn costs the encoder as much as 30 s of audio (1.8 s of CPU with base on one core).
+CTranslate2 encodes a shorter mel just as well. With `window="audio"` the encoder sees the
+utterance plus `window_pad_s` (4 s) of the padding, and the decoder is guarded against the
+repetition loops a short window invites (voice/decode_guard.py: a token cap that follows
+the audio, a trailing-repetition cut). `window="full"` is faster-whisper as shipped.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -32,9 +40,18 @@ from typing import Iterable, Literal, get_args
 import numpy as np
 
 from voice.audio import STT_RATE, rms_dbfs
+from voice.decode_guard import max_new_tokens, repetition_keep
 from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError, pull_hint_for
 
 REQUIRED_FILES = ("model.bin", "config.json", "tokenizer.json")
+
+# How much of Whisper's 30 s window the encoder sees: all of it (faster-whisper as
+# shipped), or the utterance plus `window_pad_s` of the padding.
+Window = Literal["full", "audio"]
+WINDOWS: tuple[str, ...] = get_args(Window)
+FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames
+# The padding kept after the audio: cut closer (0-2 s) Whisper loops on most short clips.
+WINDOW_PAD_S = 4.0
 
 # How a vocabulary reaches Whisper: not at all, as the initial prompt, as hotwords, or both.
 VocabularyMode = Literal["none", "initial_prompt", "hotwords", "both"]
@@ -113,6 +130,7 @@ class Transcript:
     compute_s: float  # wall time spent
     no_speech_prob: float = 0.0  # highest among kept segments (0 when none)
     prompt_dropped: bool = False  # the prompt was not trusted for this audio: decoded again without it
+    repetition_cut: bool = False  # a trailing repetition loop was cut (window="audio")
 
     @property
     def rtf(self) -> float:
@@ -138,6 +156,61 @@ def check_whisper_dir(model_path: str | Path) -> Path:
     return path
 
 
+def window_frames(audio_s: float, pad_s: float = WINDOW_PAD_S) -> int | None:
+    """Mel frames the encoder sees for an utterance of `audio_s` seconds (even: the
+    encoder's convolution halves them), or None when that is the whole 30 s window."""
+    frames = int(np.ceil((audio_s + pad_s) * 100 / 2)) * 2
+    return None if frames >= FULL_WINDOW_FRAMES else frames
+
+
+def _windowed_model_class():
+    """faster-whisper's WhisperModel whose encoder can be told to see fewer mel frames.
+
+    faster-whisper pads each segment's mel to 3000 frames just before `encode`; cutting
+    there keeps everything else (prompts, the decoding options, word timestamps, which
+    align over the segment's own frames) exactly faster-whisper's.
+    """
+    from faster_whisper import WhisperModel
+
+    class WindowedWhisperModel(WhisperModel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            # Per thread: with num_workers > 1 two utterances are transcribed at once.
+            self._window = threading.local()
+
+        def encode(self, features):
+            frames = getattr(self._window, "frames", None)
+            if frames is not None and features.shape[-1] > frames:
+                features = features[..., :frames]
+            return super().encode(features)
+
+    return WindowedWhisperModel
+
+
+def _cut_repetition(segments: list, word_timestamps: bool) -> tuple[list, bool]:
+    """Segments with a trailing repetition loop (across all of them) cut after its first
+    copy: whole words (word timestamps) or the text's words are the units."""
+    from dataclasses import replace
+
+    units = [[w.word for w in seg.words or ()] if word_timestamps else seg.text.split() for seg in segments]
+    flat = [u for seg_units in units for u in seg_units]
+    keep = repetition_keep(flat)
+    if keep == len(flat):
+        return segments, False
+    out = []
+    for seg, seg_units in zip(segments, units):
+        take = min(len(seg_units), keep)
+        keep -= take
+        if take == 0:
+            break
+        if word_timestamps:
+            words = list(seg.words[:take])
+            out.append(replace(seg, words=words, text="".join(w.word for w in words), end=words[-1].end))
+        else:
+            out.append(replace(seg, text=(" " if seg.text.startswith(" ") else "") + " ".join(seg_units[:take])))
+    return out, True
+
+
 class WhisperSTT:
     """faster-whisper wrapper: load once, transcribe many utterances."""
 
@@ -158,9 +231,18 @@ class WhisperSTT:
         initial_prompt: str | None = None,
         hotwords: str | None = None,
         workers: int = 1,
+        window: Window = "full",
+        window_pad_s: float = WINDOW_PAD_S,
     ):
         """workers: transcriptions that may run at once from different threads (faster-whisper's
-        num_workers; each uses cpu_threads); with 1 they queue."""
+        num_workers; each uses cpu_threads); with 1 they queue.
+        window: "full" encodes Whisper's 30 s window whatever the utterance's length;
+        "audio" encodes the utterance plus window_pad_s, guarded against repetition loops
+        (cost follows the audio: about 5x less for a 3 s turn)."""
+        if window not in WINDOWS:
+            raise ValueError(f"window must be one of {', '.join(WINDOWS)}, got {window!r}")
+        self.window = window
+        self.window_pad_s = window_pad_s
         self.model_path = check_whisper_dir(model_path)
         # Default conditioning text for every utterance (see WhisperPrompt); None: none.
         self.initial_prompt = initial_prompt or None
@@ -171,11 +253,9 @@ class WhisperSTT:
         self.no_speech_threshold = no_speech_threshold
         self.logprob_threshold = logprob_threshold
         self.vad_filter = vad_filter
-        from faster_whisper import WhisperModel
-
         threads = cpu_threads or min(4, os.cpu_count() or 1)
         try:
-            self.model = WhisperModel(str(self.model_path), device=device, compute_type=compute_type, cpu_threads=threads,
+            self.model = _windowed_model_class()(str(self.model_path), device=device, compute_type=compute_type, cpu_threads=threads,
                                       num_workers=workers)
         except Exception as exc:  # ctranslate2 raises RuntimeError/ValueError with terse text
             bad = self.model_path / "model.bin"
@@ -205,19 +285,44 @@ class WhisperSTT:
         """The engine's default conditioning text."""
         return WhisperPrompt(self.initial_prompt, self.hotwords)
 
-    def _decode(self, audio: np.ndarray, beam_size: int, prompt: WhisperPrompt) -> list:
-        segments, _info = self.model.transcribe(
-            audio,
-            language=self.language,
-            beam_size=beam_size,
-            temperature=0.0,  # no fallback re-decoding: one pass, predictable latency
-            condition_on_previous_text=False,
-            without_timestamps=True,
-            vad_filter=self.vad_filter,
-            initial_prompt=prompt.initial_prompt or None,
-            hotwords=prompt.hotwords or None,
-        )
-        return list(segments)  # a generator: decoding happens here
+    def segments(self, audio: np.ndarray, beam_size: int | None = None, prompt: WhisperPrompt | None = None,
+                 word_timestamps: bool = False) -> tuple[list, bool]:
+        """faster-whisper's segments for 16 kHz float32 `audio` through this engine's
+        window and guards; (segments, whether a repetition loop was cut). The level
+        checks and the not-speech rule are the caller's (transcribe_full, streaming)."""
+        prompt = self.prompt if prompt is None else prompt
+        audio_s = len(audio) / STT_RATE
+        frames = window_frames(audio_s, self.window_pad_s) if self.window == "audio" else None
+        cap = None
+        if frames is not None:
+            # Whisper keeps 448 tokens, the prompt up to 223 of them: never ask for more than the rest.
+            cap = min(max_new_tokens(audio_s), 220)
+        if frames is not None:
+            self.model._window.frames = frames
+        try:
+            segments, _info = self.model.transcribe(
+                audio,
+                language=self.language,
+                beam_size=beam_size or self.beam_size,
+                temperature=0.0,  # no fallback re-decoding: one pass, predictable latency
+                condition_on_previous_text=False,
+                without_timestamps=not word_timestamps,
+                word_timestamps=word_timestamps,
+                vad_filter=self.vad_filter,
+                initial_prompt=prompt.initial_prompt or None,
+                hotwords=prompt.hotwords or None,
+                max_new_tokens=cap,
+            )
+            segments = list(segments)  # a generator: decoding happens here
+        finally:
+            if frames is not None:
+                self.model._window.frames = None
+        if frames is None:
+            return segments, False
+        return _cut_repetition(segments, word_timestamps)
+
+    def _decode(self, audio: np.ndarray, beam_size: int, prompt: WhisperPrompt) -> tuple[list, bool]:
+        return self.segments(audio, beam_size, prompt)
 
     def prompt_suspect(self, segments: list, prompt: WhisperPrompt) -> bool:
         """Did the prompt, rather than the audio, write this transcript?
@@ -234,6 +339,14 @@ class WhisperSTT:
                 return True
             said = f" {_plain(seg.text)} "
             if any(f" {run} " in said for run in echo):
+                return True
+        if self.window == "audio":
+            # The short window's token cap stops a recital before it is long enough for the
+            # signs above ("Dr. Patel, Dr." on -26 dBFS noise, base): a transcript made of
+            # nothing but the prompt's words is checked against the audio alone.
+            prompt_words = set(_plain(f"{prompt.initial_prompt or ''} {prompt.hotwords or ''}").split())
+            said = _plain(" ".join(seg.text for seg in segments)).split()
+            if said and all(w in prompt_words for w in said):
                 return True
         return False
 
@@ -253,18 +366,21 @@ class WhisperSTT:
         if len(audio) < STT_RATE // 10 or rms_dbfs(audio) < self.silence_dbfs:
             return Transcript("", audio_s, time.perf_counter() - t0)
         beam = beam_size or self.beam_size
-        segments = self._decode(audio, beam, prompt)
+        segments, cut = self._decode(audio, beam, prompt)
         prompt_dropped = False
-        if prompt and self.prompt_suspect(segments, prompt):
-            segments = self._decode(audio, beam, WhisperPrompt())
+        if prompt and (cut or self.prompt_suspect(segments, prompt)):  # a prompted loop: the prompt talking
+            segments, cut = self._decode(audio, beam, WhisperPrompt())
             prompt_dropped = True
         texts, worst = [], 0.0
         for seg in segments:
             if seg.no_speech_prob > self.no_speech_threshold and seg.avg_logprob < self.logprob_threshold:
                 continue  # Whisper itself thinks this is not speech
+            if not re.search(r"\w", seg.text):
+                continue  # ". . . ." (tiny.en on loud white noise, short window): no word was heard
             texts.append(seg.text.strip())
             worst = max(worst, seg.no_speech_prob)
-        return Transcript(" ".join(t for t in texts if t), audio_s, time.perf_counter() - t0, worst, prompt_dropped)
+        return Transcript(" ".join(t for t in texts if t), audio_s, time.perf_counter() - t0, worst, prompt_dropped,
+                          cut)
 
     def transcribe(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> str:
         """Finished utterance (16 kHz mono float32) -> text ("" for silence or noise)."""
