@@ -53,37 +53,44 @@ _SMALL = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 _TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
 _NUM_WORD = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[- ](" + "|".join(_SMALL[1:10]) + r"))?|("
                        + "|".join(_SMALL) + r"))\b")
-_NORMAL_STEPS: list[tuple[re.Pattern, str | Callable]] = [(re.compile(p), r) for p, r in [
-    (r"[\u2019\u2018`]", "'"), (r"[\u201c\u201d]", '"'), (r"[\u2013\u2014]", " - "), (r"\u00a0", " "),
-    (r"\b(dr|mr|mrs|ms|st|ave|no)\.", r"\1"),
-    (r"\bdoctor\b", "dr"),
-    (r"\b([ap])\.\s?m\b\.?", r"\1m"),
-    (r"(\d)\s*([ap]m)\b", r"\1 \2"),
-    (r"\s*o'?clock\b", ""),
-    (r"(\d) in the morning\b", r"\1 am"),
-    (r"(\d) (?:in the afternoon|in the evening|at night)\b", r"\1 pm"),
-    (r"\bnoon\b", "12 pm"), (r"\bmidnight\b", "12 am"),
-    (r"\b(\d{1,2}) (15|30|45) ([ap]m)\b", r"\1:\2 \3"),
-    (r"\b(\d{1,2}):00\b", r"\1"),
-    (r"\b(\d+) dollars? and (\d{1,2}) cents?\b", lambda m: f"${m.group(1)}.{int(m.group(2)):02d}"),
-    (r"(?<!\$)\b(\d+(?:\.\d\d)?) (?:dollars?|bucks|usd)\b", r"$\1"),
-    (r"\$(\d+)\.00\b", r"$\1"),
-    (r"(\d),(\d{3})\b", r"\1\2"),
-    (r"(?<=[a-z])-free\b", "free"),  # "gluten-free" is a kind of pasta, not a price of zero
-    (r"(?<=[a-z])-(?=[a-z])", " "),  # check-up -> check up
-    (r"\bcheckups?\b", "check up"),
-    (r"\s+", " "),
+# (trigger, pattern, replacement): a step runs only when its trigger is in the text (a
+# substring test costs far less than a regex scan; the guard runs on every sentence).
+_NORMAL_STEPS: list[tuple[tuple[str, ...], re.Pattern, str | Callable]] = [(t, re.compile(p), r) for t, p, r in [
+    ((".",), r"\b(dr|mr|mrs|ms|st|ave|no)\.", r"\1"),
+    (("doctor",), r"\bdoctor\b", "dr"),
+    (("m.", ". m"), r"\b([ap])\.\s?m\b\.?", r"\1m"),
+    (("am", "pm"), r"(\d)\s*([ap]m)\b", r"\1 \2"),
+    (("clock",), r"\s*o'?clock\b", ""),
+    (("in the", "at night"), r"(\d) in the morning\b", r"\1 am"),
+    (("in the", "at night"), r"(\d) (?:in the afternoon|in the evening|at night)\b", r"\1 pm"),
+    (("noon",), r"\bnoon\b", "12 pm"), (("midnight",), r"\bmidnight\b", "12 am"),
+    (("am", "pm"), r"\b(\d{1,2}) (15|30|45) ([ap]m)\b", r"\1:\2 \3"),
+    ((":00",), r"\b(\d{1,2}):00\b", r"\1"),
+    (("cent",), r"\b(\d+) dollars? and (\d{1,2}) cents?\b", lambda m: f"${m.group(1)}.{int(m.group(2)):02d}"),
+    (("dollar", "buck", "usd"), r"(?<!\$)\b(\d+(?:\.\d\d)?) (?:dollars?|bucks|usd)\b", r"$\1"),
+    ((".00",), r"\$(\d+)\.00\b", r"$\1"),
+    ((",",), r"(\d),(\d{3})\b", r"\1\2"),
+    (("-free",), r"(?<=[a-z])-free\b", "free"),  # "gluten-free" is a kind of pasta, not a price of zero
+    (("-",), r"(?<=[a-z])-(?=[a-z])", " "),  # check-up -> check up
+    (("checkup",), r"\bcheckups?\b", "check up"),
+    (("  ", "\n", "\t"), r"\s+", " "),
 ]]
+_PUNCT = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'", "\u201c": '"', "\u201d": '"', "\u2013": " - ",
+                        "\u2014": " - ", "\u00a0": " "})
+_NUMBER_WORDS = tuple(_SMALL) + tuple(_TENS)
 
 
+@functools.lru_cache(maxsize=2048)
 def normalize(text: str) -> str:
     """Lower case, one spelling per figure: "Nine A.M." / "9:00 am" -> "9 am", "eighty-nine
     dollars" -> "$89", "check-up" -> "check up", "Dr." -> "dr"."""
-    t = text.lower()
-    t = _NUM_WORD.sub(lambda m: str(_TENS[m.group(1)] + (_SMALL.index(m.group(2)) if m.group(2) else 0))
-                      if m.group(1) else str(_SMALL.index(m.group(3))), t)
-    for pattern, repl in _NORMAL_STEPS:
-        t = pattern.sub(repl, t)
+    t = text.lower().translate(_PUNCT)
+    if any(w in t for w in _NUMBER_WORDS):
+        t = _NUM_WORD.sub(lambda m: str(_TENS[m.group(1)] + (_SMALL.index(m.group(2)) if m.group(2) else 0))
+                          if m.group(1) else str(_SMALL.index(m.group(3))), t)
+    for triggers, pattern, repl in _NORMAL_STEPS:
+        if any(x in t for x in triggers):
+            t = pattern.sub(repl, t)
     return t.strip()
 
 
@@ -132,8 +139,8 @@ _AGREE = re.compile(r"^(?:yes|yeah|yep|yup|sure|correct|right|that's right|that 
                     r"you are right|true|that's true)\b")
 _TAG = re.compile(r"(?:,?\s*(?:right|correct|is that right|is that correct|is that true|isn't it|aren't you|"
                   r"don't you|doesn't it|didn't it|won't it|isn't that right|yes|no))\s*\?\s*$")
-_YES_NO = re.compile(r"^(?:so |and |but |also |um |hmm |great |ok |okay )*(?:do|does|did|is|are|was|were|can|could|"
-                     r"will|would|have|has|should|may)\b")
+_YES_NO = re.compile(r"^(?:(?:so|and|but|also|um|hmm|great|ok|okay|well|oh|right|thanks)[ ,]+)*(?:do|does|did|is|are|"
+                     r"was|were|can|could|will|would|have|has|should|may)\b")
 # Claims of an action (ours: the 1.5B said "Sure, I'll book that for you" and booked nothing).
 _ACTIONS = {
     "book_slot": re.compile(
@@ -157,6 +164,7 @@ _ACTION_WHAT = {"book_slot": "a booking", "cancel_booking": "a cancellation", "t
 _SLOT_TAKEN = re.compile(r"\b(?:already|just) (?:been )?(?:booked|taken)\b|\b(?:is|was|has been) (?:booked|taken)\b")
 
 
+@functools.lru_cache(maxsize=8192)
 def _stem(word: str) -> str:
     w = word.strip("'").removesuffix("'s")
     for suffix in ("ing", "es", "s", "ed"):
@@ -165,9 +173,11 @@ def _stem(word: str) -> str:
     return w
 
 
-def topic_words(norm: str) -> set[str]:
+@functools.lru_cache(maxsize=4096)
+def topic_words(norm: str) -> frozenset[str]:
     """The words that say what a sentence is about: no stop words, no figures, stemmed."""
-    return {_stem(w) for w in _WORD.findall(norm) if w not in _STOP and len(w) > 1 and w.strip("'") not in _STOP}
+    return frozenset(_stem(w) for w in _WORD.findall(norm)
+                     if w not in _STOP and len(w) > 1 and w.strip("'") not in _STOP)
 
 
 def figures(norm: str) -> list[str]:
@@ -198,8 +208,9 @@ def _days_in(norm: str) -> list[int]:
     return list(dict.fromkeys(days))
 
 
-def _clauses(norm: str) -> list[str]:
-    return [c.strip() for c in _CLAUSE.split(norm) if c.strip()]
+@functools.lru_cache(maxsize=4096)
+def _clauses(norm: str) -> tuple[str, ...]:
+    return tuple(c.strip() for c in _CLAUSE.split(norm) if c.strip())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -222,6 +233,10 @@ class Price:
     words: frozenset[str]  # words that name this item and no other priced item
     norm_value: str
 
+    @functools.cached_property
+    def pattern(self) -> re.Pattern:
+        return re.compile(r"\b" + re.escape(self.phrase) + r"\b")
+
 
 @dataclass
 class FactBook:
@@ -241,16 +256,33 @@ class FactBook:
     labels: list[str] = field(default_factory=list)  # the configured open slots, normalised
     days: set[int] = field(default_factory=set)  # weekdays the facts name (ranges expanded)
     norm_hours: dict[int, str] = field(default_factory=dict)
+    said: list[str | None] = field(default_factory=list)  # each line as a sentence to say, or None
+
+    def closest(self, norm: str) -> str | None:
+        """The fact most about what `norm` is about (most topic words shared), as a sentence."""
+        about = topic_words(norm)
+        best, score = None, 0
+        for topics, said in zip(self.line_topics, self.said):
+            n = len(topics & about)
+            if said is not None and n > score:
+                best, score = said, n
+        return best
 
     @classmethod
     def build(cls, b: BusinessConfig) -> "FactBook":
-        raw = [b.name, b.role, b.about or "", b.address or "", b.phone and f"phone {b.phone}" or ""]
+        # Each fact as a line to match against, and as a sentence to say (None: not one to
+        # say as a correction: the name, or a slot, which has its own).
+        pairs: list[tuple[str, str | None]] = [(b.name, None), (b.role, None), (b.about or "", None)]
+        pairs += [(b.address or "", b.address and f"We're at {b.address}."),
+                  (b.phone and f"phone {b.phone}" or "", b.phone and f"Our number is {b.phone}.")]
         if b.hours:
-            raw.append("opening hours: " + "; ".join(f"{k} {v}" for k, v in b.hours.items()))
-        raw += [f"price of {k}: {v}" for k, v in (b.prices or {}).items()]
-        raw += [f"open slot: {s}" for s in b.open_slots or []]
-        raw += list(b.facts or [])
-        lines = [normalize(r) for r in raw if r]
+            hours_text = "; ".join(f"{k} {v}" for k, v in b.hours.items())
+            pairs.append(("opening hours: " + hours_text, f"Our opening hours are {_end(hours_text)}"))
+        pairs += [(f"price of {k}: {v}", f"The {k} is {_end(v)}") for k, v in (b.prices or {}).items()]
+        pairs += [(f"open slot: {s}", None) for s in b.open_slots or []]
+        pairs += [(f, _end(f)) for f in b.facts or []]
+        pairs = [(r, said) for r, said in pairs if r]
+        lines = [normalize(r) for r, _ in pairs]
         vocab: set[str] = set()
         raw_vocab: set[str] = set()
         for line in lines:
@@ -271,7 +303,7 @@ class FactBook:
         return cls(b, lines, [topic_words(line) for line in lines], [set(figures(line)) for line in lines], vocab,
                    raw_vocab, prices, hours, people, list(b.open_slots or []), b.fallback or FALLBACK,
                    [normalize(x) for x in b.open_slots or []], set(hours or ()) | {d for x in lines for d in _days_in(x)},
-                   {d: normalize(v) for d, v in (hours or {}).items()})
+                   {d: normalize(v) for d, v in (hours or {}).items()}, [said for _, said in pairs])
 
 
 def _prices(prices: dict[str, str]) -> list[Price]:
@@ -338,6 +370,10 @@ class FactGuard:
     def __init__(self, business: BusinessConfig):
         self.book = FactBook.build(business)
         self._fallback_norm = {normalize(s) for s in _split_fixed(self.book.fallback)}
+
+    def is_fallback(self, sentence: str) -> bool:
+        """One of the fallback's sentences, or the whole of it."""
+        return normalize(sentence) in self._fallback_norm
 
     # -- the public check
 
@@ -416,8 +452,7 @@ class FactGuard:
 
     def _priced_items(self, text: str) -> list[Price]:
         words = topic_words(text)
-        return [p for p in self.book.prices
-                if (p.phrase and re.search(r"\b" + re.escape(p.phrase) + r"\b", text)) or p.words & words]
+        return [p for p in self.book.prices if (p.phrase and p.pattern.search(text)) or p.words & words]
 
     def _days(self, norm: str, s: Support) -> Verdict:
         hours = self.book.hours
@@ -532,7 +567,10 @@ class FactGuard:
             return _OK
         v = self._claims(claim, s)
         if not v.ok:
-            return Verdict(False, f"agrees with the caller's claim: {v.why}", v.correction)
+            # The caller's claim is wrong: say the fact it is about ("Actually, returns are
+            # free within 30 days."), which is true whatever else the claim got wrong.
+            fact = v.correction or _actually(self.book.closest(claim))
+            return Verdict(False, f"agrees with the caller's claim: {v.why}", fact)
         if _EXISTS.search(claim):
             # "Do you do braces?" / "Is there parking?": what is asked after must be in the facts.
             asked = _object_words(claim[_EXISTS.search(claim).end():])
@@ -557,7 +595,7 @@ _EXISTS = re.compile(r"^(?:\w+ )?(?:do|does|can|will) (?:you|we|dr \w+|the \w+|i
                      r"^(?:\w+ )?(?:is|are) there\b|^(?:\w+ )?can (?:i|we) (?:get|have|order|pay|use)\b")
 
 
-_OBJECT_END = re.compile(r"\b(?:if|when|because|for|with|near|to|at|in|on|that|which|who|i|we|you|so|since|after|"
+_OBJECT_END = re.compile(r"\b(?:if|when|because|for|with|to|that|which|who|i|we|you|so|since|after|"
                          r"before|from|by|and|or|but|too|here|there|anymore)\b|[.?!]")
 
 
@@ -584,6 +622,14 @@ def _as_said(stems: list[str], text: str) -> str:
     """Stemmed words back as the text spelled them, for a reason a person reads."""
     spelled = {_stem(w): w.strip("'") for w in _WORD.findall(text)}
     return ", ".join(spelled.get(w, w) for w in stems[:3])
+
+
+def _actually(fact: str | None) -> str | None:
+    if not fact:
+        return None
+    first = fact.split()[0]
+    keep = first == "I" or any(c.isupper() for c in first[1:])  # "UPS", "iPhone"
+    return "Actually, " + (fact if keep else fact[0].lower() + fact[1:])
 
 
 def _end(text: str) -> str:
@@ -631,6 +677,7 @@ class TurnGuard:
         self.earlier = list(earlier)
         self.guarded: list[dict] = []
         self.said: list[str] = []  # our replacements spoken this turn
+        self._spoke = False
         self._support: Support | None = None
         self._seen = -1
 
@@ -646,6 +693,15 @@ class TurnGuard:
 
     def __call__(self, sentence: str) -> str | None:
         v = self.guard.check(sentence, self.support())
+        first = not self.guarded and not self._spoke
+        self._spoke = True
+        if v.ok and first and self.guard.is_fallback(sentence):
+            # "I'm not sure" to a caller's claim the facts contradict ("You're open Sundays,
+            # right?"): the fact that contradicts it is the better answer, and it is true.
+            premise = self.guard.check("yes", self.support())
+            if not premise.ok and premise.correction:
+                v = Verdict(False, f"the caller's claim is wrong ({premise.why.removeprefix('agrees with ')}): "
+                                   "correct it rather than say the fallback", premise.correction)
         if v.ok:
             return sentence
         say = v.correction or self.guard.book.fallback

@@ -287,3 +287,32 @@ async def test_a_call_reports_what_the_guard_held_back(tmp_path):
     assert c.history.exchanges[0][1] == FALLBACK
     assert store.bookings() == []
     store.close()
+
+
+def test_not_sure_to_a_false_premise_becomes_the_correction(dental, guards):
+    turn = TurnGuard(dental, caller="You're open on Sundays, right?")
+    assert turn("I'm not sure about that.") == "Actually, we're closed on Sunday."
+    assert "caller's claim is wrong" in turn.guarded[0]["why"]
+    # A question the facts do not answer keeps the fallback: nothing to correct.
+    turn = TurnGuard(dental, caller="Do you do braces?")
+    assert turn("I'm not sure about that.") == "I'm not sure about that." and turn.guarded == []
+
+
+def test_agreeing_with_a_wrong_figure_gets_the_fact_it_is_about(guards):
+    v = guards["shop"].check("Yes, you do.", Support.of(caller="I have 60 days to return things, right?"))
+    assert not v.ok and v.correction == "Actually, returns are free within 30 days."
+    v = guards["isp"].check("Yes.", Support.of(caller="The Maple Heights outage will be fixed by noon, right?"))
+    assert not v.ok and "3 p.m." in v.correction
+
+
+def test_bench_quality_rescore_with_the_guard(tmp_path, capsys):
+    from demo.cli import main
+
+    out = tmp_path / "q.json"
+    assert main(["bench", "quality", "--rescore", str(ROOT / "bench" / "results" / "quality-prompts.json"),
+                 "--guard", "--out", str(out)]) == 0
+    variants = json.loads(out.read_text())["variants"]
+    before, after = variants["config"], variants["config+guard"]
+    assert after["false_claim"] < before["false_claim"] and after["correct"] > before["correct"]
+    assert after["guarded_sentences"] > 0 and after["guard_ms_per_sentence"]["sentences"] > 80
+    assert "the guard held back" in capsys.readouterr().out

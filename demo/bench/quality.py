@@ -52,6 +52,13 @@ machine is noisy; speeds count only within one run):
   tools            config's prompt as a call with [tools] enabled has it (a tools paragraph,
                    then the rules as rules for questions) and the tool schemas; scores what
                    the caller would hear and counts the answers that called a tool instead
+  guard            config's prompt through the call's own turn loop (pipeline/conversation.py:
+                   history, respond stage) with the fact guard on every sentence: scores what
+                   the caller hears; each answer records the sentences the guard held back
+
+--guard with --rescore adds "<variant>+guard" for every saved variant: its answers as the
+fact guard would have let them through (greedy answers are deterministic, so this is what
+the same run would have said with the guard on; no model needed).
 
 Speed is reported per variant: tokens/s after the first token, TTFT and first-sentence
 latency (median, with the system prompt's K/V already computed, as on a call), and the
@@ -85,6 +92,8 @@ VARIANTS: dict[str, dict | None] = {
     # the tools paragraph, then the rules for questions) with the tool schemas in the chat template; the
     # answer is what the caller would hear (text before a tool call), and a tool call is counted.
     "tools": {},
+    # The config's prompt through the call's turn loop with the fact guard (pipeline/guard.py).
+    "guard": {},
 }
 OPTIONS = ("prompt_layout", "prompt_rules", "prompt_examples", "prompt_persona")
 
@@ -100,6 +109,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default: the config's llm.max_new_tokens)")
     p.add_argument("--questions", type=Path, default=QUESTIONS, help="question set (JSON)")
     p.add_argument("--show", action="store_true", help="print every answer with its verdict")
+    p.add_argument("--guard", action="store_true",
+                   help="with --rescore: add each variant's answers as the fact guard would have let them through")
     p.add_argument("--rescore", type=Path, metavar="JSON",
                    help="no model: check the answers of an earlier run's JSON again against the current rules")
     p.add_argument("--out", type=Path, help="write the JSON results here")
@@ -366,12 +377,80 @@ def rescore(args: argparse.Namespace) -> int:
             if args.show:
                 show(print, v, by_id[r["id"]], r["answer"], verdict)
         entry.update(variant_report(rows, entry["prefill"]))
+    if args.guard:
+        report["variants"].update({f"{v}+guard": guarded_variant(entry, by_id, args.questions)
+                                   for v, entry in list(report["variants"].items()) if not v.endswith("+guard")})
     report["rescored_from"] = str(args.rescore)
     print_table(report)
+    for v, entry in report["variants"].items():
+        if entry.get("guard_ms_per_sentence"):
+            c = entry["guard_ms_per_sentence"]
+            print(f"{v}: the guard held back {entry['guarded_sentences']} sentences; it took {c['median']:.3f} ms "
+                  f"a sentence (median; p95 {c['p95']:.3f}, max {c['max']:.3f}; {c['sentences']} sentences)")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def guarded_variant(entry: dict, by_id: dict[str, Question], questions: Path) -> dict:
+    """A saved variant's answers as the fact guard lets them through, re-checked. The guard
+    sees what it sees on a call: the caller's line, the caller's earlier lines, the facts."""
+    from pipeline.guard import FactGuard, TurnGuard
+    from pipeline.sentences import split_sentences
+
+    data = json.loads(questions.read_text(encoding="utf-8"))
+    guards = {key: FactGuard(load_business(key, data, questions.parent)) for key in data["businesses"]}
+    rows, costs = [], []
+    for r in entry["questions"]:
+        q = by_id.get(r["id"])
+        if q is None:
+            continue
+        users = [m["content"] for m in q.messages if m["role"] == "user"]
+        turn = TurnGuard(guards[q.business], users[-1], earlier=users[:-1])
+        said = []
+        for sentence in split_sentences(r["answer"]):
+            t = time.perf_counter()
+            out = turn(sentence)  # the turn's first sentence also builds what the turn may rest on
+            costs.append(time.perf_counter() - t)
+            if out is not None:
+                said.append(out)
+        text = " ".join(said)
+        verdict = check(text, q.rules)
+        rows.append({**r, "answer": text, "unguarded": r["answer"], "guarded": turn.guarded,
+                     "correct": verdict.correct, "false_claim": verdict.false_claim, "missing": verdict.missing,
+                     "false_claims": verdict.false_claims})
+    out = {**{k: v for k, v in entry.items() if k != "questions"}, **variant_report(rows, entry["prefill"])}
+    out["guarded_sentences"] = sum(len(r["guarded"]) for r in rows)
+    costs.sort()
+    out["guard_ms_per_sentence"] = {"sentences": len(costs), "median": round(1000 * statistics.median(costs), 4),
+                                    "p95": round(1000 * costs[int(0.95 * (len(costs) - 1))], 4),
+                                    "max": round(1000 * costs[-1], 4)} if costs else None
+    return out
+
+
+def turn_answer(engine, config, business, q: Question, prompt: str):
+    """One question through the call's text turn loop (pipeline/conversation.py) with the
+    fact guard: the earlier exchanges of a follow-up are the history, the last line the turn."""
+    import asyncio
+
+    from llm.backend import SpeculativeBackend
+    from pipeline.conversation import TextConversation
+    from pipeline.guard import FactGuard
+
+    conv = TextConversation(config, SpeculativeBackend(engine), engine.count_tokens, guard=FactGuard(business),
+                            prompt=prompt)
+    msgs = q.messages
+    for i in range(0, len(msgs) - 1, 2):
+        conv.history.add(msgs[i]["content"], msgs[i + 1]["content"] if i + 1 < len(msgs) - 1 else "")
+    turn = asyncio.run(conv.turn(msgs[-1]["content"]))
+    st = turn.result.stats
+    first = turn.timeline.metrics()
+    tokens = st.new_tokens if st is not None else 0
+    span = (st.total_s - (st.ttft_s or 0.0)) if st is not None else 0.0
+    return Answer(turn.agent, tokens, first.get("ttft") or 0.0, first.get("first_sentence_latency"),
+                  (tokens - 1) / span if st is not None and span > 0 and tokens > 1 else 0.0,
+                  st.passes if st is not None else 0), turn.result.guarded
 
 
 def show(write, variant: str, q: Question, text: str, verdict: Verdict) -> None:
@@ -432,15 +511,25 @@ def run(args: argparse.Namespace) -> int:
             engine.warm_prefix(ids)
             prefill[v][key] = {"tokens": len(ids), "seconds": time.perf_counter() - t}
 
+    businesses = {key: load_business(key, data, args.questions.parent) for key in data["businesses"]}
+    # The turn loop samples as the config says, with this run's answer budget.
+    turn_config = config.model_copy(update={"llm": config.llm.model_copy(update={
+        "max_new_tokens": params.max_new_tokens})})
     rows: dict[str, list[dict]] = {v: [] for v in variants}
     bar = tqdm(total=len(questions) * len(variants), desc="bench quality", unit="answer", file=sys.stderr)
     for q in questions:  # variants interleaved question by question: the machine's noise hits all alike
         for v in variants:
             bar.set_postfix_str(f"{q.id} {v}")
             msgs = [{"role": "system", "content": prompts[v][q.business]}] + q.messages
-            a = answer(engine, engine.chat_prompt(msgs, tools=schemas[v]), params, tools=schemas[v] is not None)
+            extra = {}
+            if v == "guard":
+                a, guarded = turn_answer(engine, turn_config, businesses[q.business], q, prompts[v][q.business])
+                extra = {"guarded": guarded}
+            else:
+                a = answer(engine, engine.chat_prompt(msgs, tools=schemas[v]), params, tools=schemas[v] is not None)
             verdict = check(a.text, q.rules)
-            extra = {"tool_calls": a.tool_calls} if schemas[v] is not None else {}
+            if schemas[v] is not None:
+                extra = {"tool_calls": a.tool_calls}
             rows[v].append({**extra, "id": q.id, "business": q.business, "category": q.category, "split": q.split,
                             "question": q.messages[-1]["content"], "answer": a.text, "correct": verdict.correct,
                             "false_claim": verdict.false_claim, "missing": verdict.missing,
