@@ -1,0 +1,221 @@
+"""`specvoice serve`'s HTTP side on the real server (uvicorn, real sockets): Twilio's form POST
+webhook and its signature, /metrics parsed by prometheus-client's own parser after a call,
+who may open the page, /calls and the report pages. Cheap model stand-ins (callfakes); the
+page with real models in real Chromium is tests/test_call_page.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+from urllib.parse import urlencode
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import InvalidStatus
+
+from callfakes import TOKEN, FakeModels, RawCaller, rel_config, report_of, wait_for
+from pipeline.transports.telephony.auth import BridgeTokens
+from pipeline.transports.web.agent_server import agent_server
+
+pytestmark = pytest.mark.timeout(60)
+
+TWILIO_TOKEN = "twilio-web-" + "z" * 20
+
+
+def twilio_docs_signature(token: str, url: str, params: dict[str, str]) -> str:
+    """As Twilio's documentation describes it, written out here (not the server's code): the
+    full URL, then each POST parameter's name and value, sorted by name, concatenated; HMAC-
+    SHA1 with the auth token as key; base64."""
+    data = url + "".join(name + params[name] for name in sorted(params))
+    return base64.b64encode(hmac.new(token.encode(), data.encode(), hashlib.sha1).digest()).decode()
+
+
+@contextlib.asynccontextmanager
+async def served(tmp_path, tokens=BridgeTokens.of(TWILIO_TOKEN, TOKEN), models=None, **bridge):
+    from demo.report_html import render_html
+
+    cfg = rel_config(tmp_path, **bridge)
+    server = agent_server(cfg, tokens, models=models or FakeModels(), render_report=render_html, greeting=False,
+                          preload=False)
+    port = await server.start()
+    try:
+        yield cfg, server, port
+    finally:
+        await asyncio.wait_for(server.stop(), 20)
+
+
+WEBHOOK = {"AccountSid": "AC0123", "ApiVersion": "2010-04-01", "CallSid": "CA77", "CallStatus": "ringing",
+           "Called": "+15550199", "Caller": "+15550100", "Direction": "inbound", "From": "+15550100",
+           "To": "+15550199"}
+
+
+async def test_post_webhook_signed_as_twilio_documents_wrong_and_missing(tmp_path):
+    async with served(tmp_path) as (_, server, port):
+        base = f"http://127.0.0.1:{port}"
+        signed_url = f"https://127.0.0.1:{port}/voice"  # what Twilio signs: the public URL it posted to
+        body = urlencode(WEBHOOK)
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        good = twilio_docs_signature(TWILIO_TOKEN, signed_url, WEBHOOK)
+        async with httpx.AsyncClient() as client:
+            r = await client.post(base + "/voice", content=body, headers={**form, "X-Twilio-Signature": good})
+            assert r.status_code == 200, r.text
+            assert r.headers["content-type"].startswith("text/xml")
+            # The TwiML connects the call to the stream, passing the form's CallSid and From on.
+            assert f'<Stream url="wss://127.0.0.1:{port}/media-stream">' in r.text
+            assert '<Parameter name="CallSid" value="CA77"/>' in r.text
+            assert '<Parameter name="From" value="+15550100"/>' in r.text
+
+            refused = {
+                "wrong token": twilio_docs_signature("not-the-token", signed_url, WEBHOOK),
+                # The parameters are signed: the same signature over a changed body is wrong...
+                "tampered body": good,
+                # ... and so is a signature over the URL alone.
+                "URL only": twilio_docs_signature(TWILIO_TOKEN, signed_url, {}),
+            }
+            for why, signature in refused.items():
+                sent = urlencode({**WEBHOOK, "From": "+15559999"}) if why == "tampered body" else body
+                r = await client.post(base + "/voice", content=sent, headers={**form, "X-Twilio-Signature": signature})
+                assert r.status_code == 403, (why, r.status_code)
+                assert "<Connect>" not in r.text
+            r = await client.post(base + "/voice", content=body, headers=form)
+            assert r.status_code == 401 and "<Connect>" not in r.text
+            # A query string is signed as part of the URL, with the POST parameters after it.
+            good_q = twilio_docs_signature(TWILIO_TOKEN, signed_url + "?tenant=a", WEBHOOK)
+            r = await client.post(base + "/voice?tenant=a", content=body, headers={**form, "X-Twilio-Signature": good_q})
+            assert r.status_code == 200
+            r = await client.post(base + "/voice?tenant=b", content=body, headers={**form, "X-Twilio-Signature": good_q})
+            assert r.status_code == 403
+            # The stream-ended action (POST too) is signed the same way.
+            ended = {"CallSid": "CA77", "CallStatus": "in-progress"}
+            sig = twilio_docs_signature(TWILIO_TOKEN, f"https://127.0.0.1:{port}/stream-ended", ended)
+            r = await client.post(base + "/stream-ended", content=urlencode(ended),
+                                  headers={**form, "X-Twilio-Signature": sig})
+            assert r.status_code == 200 and "<Hangup/>" in r.text
+            r = await client.post(base + "/stream-ended", content=urlencode(ended), headers=form)
+            assert r.status_code == 401
+    assert server.calls_total == 0  # a webhook answers with TwiML; it does not start a call
+
+
+def sample(families: dict, family: str, sample_name: str, **labels) -> float:
+    for s in families[family].samples:
+        if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError((family, sample_name, labels))
+
+
+async def scrape(port: int, headers: dict | None = None) -> dict:
+    async with httpx.AsyncClient() as client:
+        r = await client.get(f"http://127.0.0.1:{port}/metrics", headers=headers or {})
+    assert r.status_code == 200, r.status_code
+    assert r.headers["content-type"].startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+async def test_metrics_after_a_call_parsed_by_prometheus_client(tmp_path):
+    async with served(tmp_path, max_calls=1) as (cfg, server, port):
+        before = await scrape(port)
+        assert sample(before, "specvoice_turns", "specvoice_turns_total", transport="twilio") == 0
+        c = await RawCaller(port).open()
+        await wait_for(lambda: server.calls_total == 1, 10, "the call to start")
+        live = await scrape(port)
+        assert sample(live, "specvoice_calls_in_progress", "specvoice_calls_in_progress") == 1
+        # A second caller while the one slot is taken: refused (503), and counted.
+        with pytest.raises(InvalidStatus) as refused:
+            await RawCaller(port).open()
+        assert refused.value.response.status_code == 503
+        await c.say()
+        assert await c.wait_reply()
+        await c.stop()
+        await c.wait_closed()
+        report = await report_of(cfg, c.call_sid)
+        await wait_for(lambda: server.active_calls == 0, 10, "the slot to free")
+        after = await scrape(port)
+    turn = report["turns"][0]
+    assert sample(after, "specvoice_calls", "specvoice_calls_total", transport="twilio") == 1
+    assert sample(after, "specvoice_calls_refused", "specvoice_calls_refused_total", reason="busy") == 1
+    assert sample(after, "specvoice_calls_in_progress", "specvoice_calls_in_progress") == 0
+    assert sample(after, "specvoice_turns", "specvoice_turns_total", transport="twilio") == len(report["turns"]) == 1
+    # Each histogram holds the turn's own figure from its report.
+    for family, key in (("specvoice_voice_to_voice_seconds", "voice_to_voice"),
+                        ("specvoice_first_sentence_seconds", "first_sentence_latency"),
+                        ("specvoice_ttft_seconds", "ttft"), ("specvoice_stt_seconds", "stt_latency")):
+        assert sample(after, family, family + "_count") == 1, family
+        assert sample(after, family, family + "_sum") == pytest.approx(turn["metrics"][key], abs=1e-6), family
+    # The scripted backend reports no LLM passes, so the LLM histograms stay empty (a turn
+    # without figures adds no zero); the real engine's are checked in test_call_page.py.
+    assert not (turn.get("llm") or {}).get("passes")
+    assert sample(after, "specvoice_llm_tokens_per_pass", "specvoice_llm_tokens_per_pass_count") == 0
+    assert sample(after, "specvoice_llm_tokens_per_second", "specvoice_llm_tokens_per_second_count") == 0
+
+
+async def test_people_paths_need_the_token_off_loopback_and_never_show_it(tmp_path):
+    # Behind a public URL (a proxy or tunnel in front), the page is reachable from anywhere.
+    async with served(tmp_path, public_url="https://voice.example.com") as (_, server, port):
+        base = f"http://127.0.0.1:{port}"
+        basic = "Basic " + base64.b64encode(f"me:{TOKEN}".encode()).decode()
+        async with httpx.AsyncClient() as client:
+            for path in ("/", "/calls", "/metrics"):
+                r = await client.get(base + path)
+                assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Basic"), path
+                r = await client.get(base + path, headers={"Authorization": "Basic " + base64.b64encode(
+                    b"me:wrong").decode()})
+                assert r.status_code == 401, path
+                for good in (basic, f"Bearer {TOKEN}"):
+                    r = await client.get(base + path, headers={"Authorization": good})
+                    assert r.status_code == 200, (path, good[:6])
+                    assert TOKEN not in r.text and TWILIO_TOKEN not in r.text
+            # The page's call socket too: refused without credentials, before any call starts.
+            from websockets.asyncio.client import connect
+
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(f"ws://127.0.0.1:{port}/call"):
+                    pass
+            assert info.value.response.status_code == 401
+            assert (await client.get(base + "/health")).status_code == 200  # health stays open
+    assert server.calls_total == 0 and server.active_calls == 0
+    # On loopback with no public URL, a laptop's own browser needs nothing.
+    async with served(tmp_path) as (_, _, port):
+        async with httpx.AsyncClient() as client:
+            r = await client.get(f"http://127.0.0.1:{port}/")
+            assert r.status_code == 200 and 'id="call"' in r.text
+            assert "default-src 'none'" in r.headers["content-security-policy"]
+
+
+async def raw_get(port: int, path: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+async def test_calls_page_lists_the_call_and_links_its_report(tmp_path):
+    async with served(tmp_path) as (cfg, _, port):
+        c = await RawCaller(port).open()
+        await c.say()
+        assert await c.wait_reply()
+        await c.stop()
+        await c.wait_closed()
+        await report_of(cfg, c.call_sid)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            listing = (await client.get("/calls", headers={"Accept": "application/json"})).json()["calls"]
+            assert [x["call_id"] for x in listing] == [c.call_sid]
+            name = listing[0]["name"]
+            assert listing[0]["turns"] == 1 and listing[0]["recording"] is False
+            page = await client.get("/calls")
+            assert f'href="/calls/{name}"' in page.text
+            report = await client.get(f"/calls/{name}")
+            assert report.status_code == 200 and c.call_sid in report.text and 'class="waterfall"' in report.text
+            assert "<audio" not in report.text  # a phone call has no recording here
+            assert json.loads((await client.get(f"/calls/{name}.json")).text)["call_id"] == c.call_sid
+            for bad in ("..", "%2e%2e", "..%2Freports", "%2e%2e%2f%2e%2e%2fetc%2fpasswd", "nope", ".hidden"):
+                # Sent raw: httpx would resolve "/calls/.." to "/" itself.
+                assert (await raw_get(port, f"/calls/{bad}")).startswith(b"HTTP/1.1 404"), bad
+            assert (await client.get(f"/calls/{name}/recording.wav")).status_code == 404
