@@ -66,8 +66,9 @@ def plan_grammar(open_slots: list[str], all_slots: list[str]) -> str:
     acts.append('"{\\"act\\": \\"end_call\\"}"')
     lines = ["start: " + "\n     | ".join(acts),
              'ANSWER: /(.|\\n)+/',
-             f'NAME: /"[^"\\\\\\n]{{0,{NAME_CHARS}}}"/',
-             f'MESSAGE: /"[^"\\\\\\n]{{1,{MESSAGE_CHARS}}}"/']
+             # No quote, backslash or control character: the value is a JSON string as written.
+             f'NAME: /"[^"\\\\\\x00-\\x1f]{{0,{NAME_CHARS}}}"/',
+             f'MESSAGE: /"[^"\\\\\\x00-\\x1f]{{1,{MESSAGE_CHARS}}}"/']
     if open_slots:
         lines.append(f"OPEN: {_alternatives(open_slots)}")
     if all_slots:

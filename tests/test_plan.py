@@ -183,3 +183,57 @@ async def test_slot_taken_while_the_plan_is_written(store):
 async def test_a_transfer_plan_ends_the_call_after_the_turn(store):
     result, spoken = await turn(Recording([plan_line("transfer")]), ToolBox(store, "c"), caller="A person please")
     assert result.action == "transfer" and spoken == ["Let me transfer you now."]
+
+
+# ---------------------------------------------------------------- the real engine (a tiny random model)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed", range(6))
+async def test_constrained_plan_is_valid_by_construction_and_names_only_open_slots(tiny_models, store, seed):
+    """Whatever the model (here random weights, sampled at temperature 1.5), the turn's
+    first line is a plan the grammar allows: an act of ACTS, and a booking's slot one the
+    database had open at the start of the turn."""
+    import torch
+
+    from llm.backend import SpeculativeBackend
+    from llm.constrain import check_text
+    from llm.engine import SpeculativeEngine
+    from llm.types import Constraint
+    from pipeline.plan import ACTS
+
+    torch.set_num_threads(1)
+    ToolBox(store, "other").run("book_slot", {"slot": SLOTS[0], "name": "Taken Already"})
+    engine = SpeculativeEngine.load(tiny_models["target"], None, drafter="ngram", gamma=4, dtype="float32")
+    backend = SpeculativeBackend(engine)
+    params = SamplingParams(max_new_tokens=400, temperature=1.5, seed=seed)
+    sentences: asyncio.Queue = asyncio.Queue()
+    result = LLMResult()
+    grammars = []
+    real_stream = backend.stream
+
+    def stream(messages, p, cancel=None):
+        grammars.append(p.constraint)
+        return real_stream(messages, p, cancel)
+
+    backend.stream = stream
+    await respond(backend, [{"role": "user", "content": "Book me Tuesday please, I'm Ann."}], params,
+                  SentenceSplitter(), sentences, TurnTimeline(), BargeIn(), result, lambda kind, **d: None,
+                  ToolBox(store, "c"), plan=True, caller_text="Book me Tuesday please, I'm Ann.")
+    assert result.error is None
+    assert result.plan["error"] is None and result.plan["act"] in ACTS
+    assert grammars[0].kind == "grammar"
+    if result.plan["act"] == "book":
+        assert result.plan["slot"] in SLOTS[1:]  # never the slot that was taken before the turn
+    booked = [b for b in store.bookings(include_cancelled=False) if b.name != "Taken Already"]
+    assert all(b.slot in SLOTS[1:] for b in booked)
+    assert check_text(Constraint.grammar(grammars[0].text), _written(result)) is None
+
+
+def _written(result: LLMResult) -> str:
+    """The round's text as the model wrote it: the plan line (kept in the history for an
+    action) or the plan line and the answer."""
+    for m in result.tool_messages:
+        if m.get("as_written"):
+            return m["as_written"]
+    return '{"act": "answer"}\n' + result.text if result.plan["act"] == "answer" else result.text
