@@ -103,7 +103,7 @@ async def calls_page(request: Request) -> Response:
     page = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>specvoice: recent calls</title>'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<link rel="stylesheet" href="/static/call.css"></head><body><main>'
+        '<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/call.css"></head><body><main>'
         '<h1>Recent calls</h1><p><a href="/">Place a call</a> · <a href="/metrics">metrics</a></p>'
         '<table id="calls"><thead><tr><th>call</th><th>started</th><th>duration</th><th>turns</th>'
         '<th>voice to voice p50</th><th>first sentence p50</th><th>tokens/pass</th><th>end</th>'

@@ -161,7 +161,7 @@ function agentSentence(turn, text, heard) {
   li.dataset.turn = turn;
   let span = [...li.querySelectorAll(".s")].find((s) => s.textContent === text + " " && !(heard && s.classList.contains("heard")));
   if (!span) {
-    if (heard) return;  // heard without its sentence event: nothing to mark
+    // (A greeting is spoken without a sentence event: its first sign is "heard".)
     span = document.createElement("span");
     span.className = "s";
     span.textContent = text + " ";

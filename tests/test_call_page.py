@@ -1,0 +1,254 @@
+"""The call page in real headless Chromium against the real server and real models.
+
+Chromium's microphone is a WAV file (a question spoken by Piper after a few seconds of
+silence: `--use-file-for-fake-audio-capture`); the test presses Call with a real mouse event
+over the DevTools protocol, and waits on what the page itself saw: the agent's greeting
+and answer played by its AudioWorklet (each sentence's mark echoed only once the page's
+player has output the audio before it, so the server's "heard" events prove playback in
+the page), the caller's transcript, the agent's sentences, the turn's latency bars. Then
+it hangs up and checks that the server wrote the call's report and stereo recording,
+that the page links the report page (which plays the recording), and that /metrics
+counted the turn. Waits are on events; timeouts only guard against hangs.
+
+SPECVOICE_SCREENSHOT=docs/call-page.png keeps the screenshot taken during the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import require_model
+from pipeline.transports.telephony.auth import BridgeTokens
+from test_report_html import CDP, CHROMIUM, FLAGS, png_pixels
+
+pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.timeout(600)]
+
+SMALL = "smollm2-135m-instruct"
+QUESTION = "What time do you open on Saturday?"
+LEAD_S = 6.0  # silence before the question: the greeting plays meanwhile
+TAIL_S = 90.0  # silence after it (the file is read once): the answer plays meanwhile
+
+
+def page_config(tmp_path: Path):
+    from pipeline.config import load_config
+
+    cfg = load_config("test")
+    return cfg.model_copy(update={
+        "llm": cfg.llm.model_copy(update={"target": SMALL, "draft": None, "drafter": "ngram", "dtype": "int8",
+                                          "gamma": 4, "max_new_tokens": 40, "threads": 1, "temperature": 0.0}),
+        "report": cfg.report.model_copy(update={"dir": str(tmp_path / "reports")}),
+        "bridge": cfg.bridge.model_copy(update={"host": "127.0.0.1", "port": 0, "idle_timeout_s": 60.0}),
+        "mqtt": cfg.mqtt.model_copy(update={"enabled": False}),
+    })
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    for name in (SMALL, "whisper-tiny.en", "piper-joe-medium"):
+        require_model(name)
+    if CHROMIUM is None:
+        pytest.skip("chromium not installed (apt-get install -y chromium)")
+    from pipeline.agent import AgentModels
+
+    return AgentModels.load(page_config(tmp_path_factory.mktemp("cfg")), threads=1)
+
+
+def spoken_wav(models, path: Path) -> Path:
+    """The caller's microphone: silence, the question in Piper's voice, a long silence."""
+    from voice.audio import resample, to_float32
+    from voice.wav import write_wav
+
+    chunks = list(models.tts.synthesize(QUESTION))
+    pcm = np.concatenate([to_float32(c.pcm) for c in chunks])
+    pcm = resample(pcm, chunks[0].sample_rate, 16000)
+    silence = lambda s: np.zeros(int(16000 * s), np.float32)  # noqa: E731
+    return write_wav(path, np.concatenate([silence(LEAD_S), 0.8 * pcm, silence(TAIL_S)]), 16000)
+
+
+@contextlib.asynccontextmanager
+async def chromium_with_microphone(wav: Path, profile: Path):
+    flags = [*FLAGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+             f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required"]
+    proc = subprocess.Popen([CHROMIUM, *flags, f"--user-data-dir={profile}", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and port_file.read_text().strip()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("chromium did not start its DevTools endpoint")
+            await asyncio.sleep(0.05)  # waiting for the file Chromium writes when ready
+        yield int(port_file.read_text().split()[0])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.asynccontextmanager
+async def page(devtools_port: int, url: str):
+    from websockets.asyncio.client import connect
+
+    async with httpx.AsyncClient() as client:
+        target = (await client.put(f"http://127.0.0.1:{devtools_port}/json/new?about:blank")).json()
+    async with connect(target["webSocketDebuggerUrl"], max_size=None) as ws:
+        cdp = CDP(ws)
+        for domain in ("Runtime", "Log", "Page"):
+            await cdp.call(f"{domain}.enable")
+        await cdp.call("Page.navigate", url=url)
+        await cdp.wait_event("Page.loadEventFired", timeout=60)
+        yield cdp
+
+
+async def until(cdp: CDP, condition: str, what: str, timeout_s: float = 240) -> None:
+    """Wait, inside the page, until the JS `condition` holds (the page checks it every 20 ms:
+    the state it tests is set by the page's own event handlers); fails with `what` if the
+    hang guard runs out."""
+    script = (f"new Promise(r => {{ const c = () => {{ try {{ if ({condition}) return r(true); }} catch (e) {{}} "
+              f"setTimeout(c, 20); }}; c(); }})")
+    result = await asyncio.wait_for(_evaluate_async(cdp, script), timeout_s)
+    assert result is True, what
+
+
+async def _evaluate_async(cdp: CDP, expression: str):
+    # A long await inside the page: CDP.call's own 20 s read timeout would cut it, so read here.
+    cdp.next_id += 1
+    my_id = cdp.next_id
+    await cdp.ws.send(json.dumps({"id": my_id, "method": "Runtime.evaluate",
+                                  "params": {"expression": expression, "awaitPromise": True, "returnByValue": True}}))
+    while True:
+        msg = json.loads(await cdp.ws.recv())
+        if msg.get("id") == my_id:
+            return msg["result"]["result"].get("value")
+        cdp.events.append(msg)
+
+
+async def state(cdp: CDP) -> dict:
+    return json.loads(await cdp.evaluate("JSON.stringify(window.specvoice)"))
+
+
+async def click(cdp: CDP, selector: str) -> None:
+    """A real mouse click (a user gesture, as a person's would be) at the element's centre."""
+    box = json.loads(await cdp.evaluate(
+        f"JSON.stringify((r => ({{x: r.x + r.width / 2, y: r.y + r.height / 2}}))"
+        f"(document.querySelector({json.dumps(selector)}).getBoundingClientRect()))"))
+    for kind in ("mousePressed", "mouseReleased"):
+        await cdp.call("Input.dispatchMouseEvent", type=kind, x=box["x"], y=box["y"], button="left", clickCount=1)
+
+
+async def test_call_from_the_page_in_headless_chromium(models, tmp_path):
+    from demo.report_html import render_html
+    from pipeline.transports.web.agent_server import agent_server
+
+    cfg = page_config(tmp_path)
+    server = agent_server(cfg, BridgeTokens.of(bearer_token="page-test-token"), models=models,
+                          render_report=render_html, greeting=True)
+    port = await server.start()
+    wav = spoken_wav(models, tmp_path / "question.wav")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with chromium_with_microphone(wav, tmp_path / "profile") as devtools, page(devtools, base + "/") as cdp:
+            assert (await state(cdp))["state"] == "idle"
+            await click(cdp, "#call")
+            await until(cdp, "window.specvoice.state === 'in-call'", "the call to be answered")
+            ev = "window.specvoice.events"
+            # The greeting played in the page (its mark came back from the page's player), unless
+            # the question came while it was still playing: then the agent stopped it (a clear
+            # reached the page). Either way its audio arrived and was played.
+            await until(cdp, f"{ev}.some(e => e.kind === 'heard' && e.turn === -1) || "
+                             f"{ev}.some(e => e.kind === 'barge_in' && e.turn === -1)", "the greeting to play")
+            await until(cdp, f"{ev}.some(e => e.kind === 'transcript' && e.turn === 0)", "the caller's transcript")
+            await until(cdp, f"{ev}.some(e => e.kind === 'heard' && e.turn === 0)", "the answer to play in the page")
+            await until(cdp, "document.querySelector('#turns .turn[data-turn=\"0\"][data-final=\"1\"]')",
+                        "the turn's figures")
+            s = await state(cdp)
+            dom = json.loads(await cdp.evaluate("""JSON.stringify({
+                caller: [...document.querySelectorAll('#transcript li.caller')].map(e => e.textContent),
+                agent: [...document.querySelectorAll('#transcript li.agent')].map(e => e.textContent),
+                heard: [...document.querySelectorAll('#transcript li.agent .s.heard')].map(e => e.textContent),
+                bars: Object.fromEntries([...document.querySelectorAll('#turns .turn[data-turn="0"] .bar')].map(b =>
+                    [b.dataset.metric, [b.dataset.value, b.dataset.exact, b.querySelector('.fill').getBoundingClientRect().width]])),
+            })"""))
+            shot = base64.b64decode((await cdp.call("Page.captureScreenshot", format="png"))["data"])
+            await click(cdp, "#hangup")
+            await until(cdp, "window.specvoice.state === 'ended' && window.specvoice.report", "the report link")
+            end = await state(cdp)
+            link = json.loads(await cdp.evaluate(
+                "JSON.stringify([document.querySelector('#report-link').getAttribute('href'), "
+                "document.querySelector('#report').hidden])"))
+            errors = cdp.errors()
+        async with httpx.AsyncClient(base_url=base) as client:
+            report_page = await client.get(end["report"])
+            recording = await client.get(end["report"] + "/recording.wav")
+            scraped = (await client.get("/metrics")).text
+    finally:
+        await asyncio.wait_for(server.stop(), 60)
+
+    # The page heard the agent: audio arrived, its player output audible samples, marks came back.
+    assert s["audio"]["received"] > 16000 and s["audio"]["audible"] > 8000, s["audio"]
+    assert s["marksPlayed"] >= 2
+    # What the page showed: the caller's words, the agent's answer, the turn's bars.
+    words = {w.strip("?.,!").lower() for w in dom["caller"][0].split()}
+    assert {"saturday", "open"} <= words, dom["caller"]
+    answer = [e for e in s["events"] if e["kind"] == "sentence" and e["turn"] == 0]
+    assert answer and dom["heard"], dom
+    assert any(e["text"] in " ".join(dom["agent"]) for e in answer)
+    for metric in ("stt_latency", "ttft", "first_sentence_latency", "voice_to_voice"):
+        value, exact, width = dom["bars"][metric]
+        assert exact == "1" and float(value) > 0 and width > 0, (metric, dom["bars"][metric])
+    width, height, pixels = png_pixels(shot)
+    assert width > 500 and height > 500 and len(set(pixels)) > 20
+    if os.environ.get("SPECVOICE_SCREENSHOT"):
+        Path(os.environ["SPECVOICE_SCREENSHOT"]).write_bytes(shot)
+    assert errors == [], errors
+
+    # The server wrote the call's report, with the page's figures in it, and its recording.
+    reports = list((tmp_path / "reports").glob("*.json"))
+    assert len(reports) == 1
+    report = json.loads(reports[0].read_text())
+    assert report["call_id"] == end["callId"] and report["end_reason"] == "caller_hangup"
+    turn0 = report["turns"][0]
+    assert turn0["user_text"] == dom["caller"][0]
+    assert float(dom["bars"]["voice_to_voice"][0]) == turn0["metrics"]["voice_to_voice"]
+    assert link == [end["report"], False] and end["report"] == f"/calls/{reports[0].stem}"
+    assert report_page.status_code == 200 and "<audio" in report_page.text
+    assert f'src="{end["report"]}/recording.wav"' in report_page.text and "data-seek=" in report_page.text
+    assert recording.status_code == 200 and recording.headers["content-type"] == "audio/wav"
+    from voice.wav import read_wav
+
+    stereo, rate = read_wav(reports[0].with_suffix(".wav"), sample_rate=None, mono=False)
+    assert rate == 16000 and stereo.shape[1] == 2
+    caller_rms, agent_rms = np.sqrt(np.mean(stereo.astype(np.float64) ** 2, axis=0))
+    assert caller_rms > 0.001 and agent_rms > 0.001, (caller_rms, agent_rms)
+    # The recording starts at the report's clock: the caller's question is where the turn says.
+    start = turn0["timeline"]["speech_start"]
+    around = stereo[int(16000 * start): int(16000 * (start + 1.0)), 0]
+    assert np.abs(around).max() > 0.05
+
+    # /metrics counted the browser turn, with the real engine's LLM figures.
+    families = {f.name: f for f in text_string_to_metric_families(scraped)}
+
+    def value(family: str, name: str, **labels) -> float:
+        return next(x.value for x in families[family].samples
+                    if x.name == name and all(x.labels.get(k) == v for k, v in labels.items()))
+
+    assert value("specvoice_turns", "specvoice_turns_total", transport="browser") == len(report["turns"])
+    assert value("specvoice_calls", "specvoice_calls_total", transport="browser") == 1
+    assert value("specvoice_llm_tokens_per_pass", "specvoice_llm_tokens_per_pass_count") == len(report["turns"])
+    assert value("specvoice_llm_tokens_per_pass", "specvoice_llm_tokens_per_pass_sum") == pytest.approx(
+        sum(t["llm"]["tokens_per_pass"] for t in report["turns"]))
+    assert value("specvoice_voice_to_voice_seconds", "specvoice_voice_to_voice_seconds_count") == len(report["turns"])
