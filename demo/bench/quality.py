@@ -25,10 +25,11 @@ from demo.bench import report_header
 
 HELP = "answer quality: how many answers are correct and how many state a false claim, per prompt variant"
 DESCRIPTION = """\
-Puts every question of demo/data/quality.json (80 questions over the four demo
+Puts every question of demo/data/quality.json (96 questions over the four demo
 businesses: single questions, 2-3 turn follow-ups, questions the facts do not answer,
 and false premises like "you're open Sundays, right?"; 64 "dev" questions the prompt
-options were compared on and 16 "holdout" ones written afterwards) to the agent, greedy,
+options were compared on, 16 "holdout" ones written afterwards, and 16 more holdout
+ones written after the fact guard was tuned on the saved answers) to the agent, greedy,
 and checks each answer by rules:
 
   correct       every fact the answer must state is there, and no false claim
