@@ -44,7 +44,7 @@ from typing import Any
 
 from pipeline.business import DAYS, FALLBACK, BusinessConfig, _is_closed, _label_days, day_hours
 
-__all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "normalize", "turn_guard"]
+__all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "claimed_actions", "normalize", "turn_guard"]
 
 # ---------------------------------------------------------------- one spelling for text
 
@@ -646,6 +646,14 @@ def _per_time(clause: str) -> list[str]:
     parts = [clause[a:b] for a, b in zip([0] + ends[:-1], ends)]
     parts[-1] += clause[ends[-1]:]
     return parts
+
+
+def claimed_actions(text: str) -> list[str]:
+    """The tools whose action `text` claims ("You're booked" -> book_slot), for the
+    benchmarks: a claim no successful call of that tool backs is a false one."""
+    norm = normalize(text)
+    return [tool for tool, pattern in _ACTIONS.items()
+            if (m := pattern.search(norm)) and not _negated_before(norm, m.start())]
 
 
 def _negated_before(norm: str, at: int) -> bool:

@@ -33,7 +33,7 @@ from demo.bench import report_header
 
 HELP = "tool use: booking dialogues on a fresh database each; right final state, right tool calls, latency"
 DESCRIPTION = """\
-Plays every dialogue of demo/data/booking_dialogues.json (26 callers of the demo dental
+Plays every dialogue of demo/data/booking_dialogues.json (29 callers of the demo dental
 practice: plain bookings, conflicts with a slot booked before the call, slots that do
 not exist, cancellations, callers who change their mind, messages, transfers, strange
 names, one question with no tool) through the real turn loop with the tools on, greedy,
@@ -47,6 +47,13 @@ each against a fresh temporary SQLite database, and checks by rules:
   failed       tool calls that came back with an error (bad JSON, bad arguments, refused)
   fallbacks    turns that ended with the fixed "Sorry, I couldn't do that..." sentence
   double       slots with more than one active booking (the database forbids it: must be 0)
+  unbacked     turns' claims of an action ("you're booked", "I've cancelled", "I've taken
+               your message", "transferring you") that no successful tool call of that turn
+               did (must be 0)
+
+The turn loop is the call's: with [tools] plan each turn is a constrained plan acted on
+through the database (pipeline/plan.py), and with [agent] guard every sentence goes
+through the fact guard (pipeline/guard.py), as on a call with that config.
 
 Latency: first-sentence latency (the request to the first sentence handed to TTS, median)
 of turns with a tool call vs turns without; the target is that a tool turn adds at most
@@ -63,7 +70,8 @@ examples:
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DIALOGUES = DATA / "booking_dialogues.json"
-KINDS = ("book", "conflict", "nonexistent", "cancel", "change_mind", "message", "transfer", "strange_name", "no_tool")
+KINDS = ("book", "conflict", "nonexistent", "cancel", "change_mind", "message", "transfer", "strange_name", "no_tool",
+         "taken_meanwhile")
 # Calls that change nothing in the database or the call: never held against a dialogue.
 FREE_TOOLS = ("check_slots", "end_call")
 
@@ -93,12 +101,16 @@ class Dialogue:
     expect: dict  # calls, bookings (slot -> name), messages, action
     nonexistent_slots: list[str] = field(default_factory=list)
     note: str = ""
+    # Bookings another caller makes during the call, just before line `before_line` is played:
+    # {"before_line", "slot", "name"} (the slot was open when this caller heard of it).
+    meanwhile: list[dict] = field(default_factory=list)
 
 
 def load_dialogues(path: Path = DIALOGUES) -> list[Dialogue]:
     data = json.loads(path.read_text(encoding="utf-8"))
     return [Dialogue(d["id"], d["kind"], d["lines"], d.get("seed", []), d["expect"],
-                     d.get("nonexistent_slots", []), d.get("note", "")) for d in data["dialogues"]]
+                     d.get("nonexistent_slots", []), d.get("note", ""), d.get("meanwhile", []))
+            for d in data["dialogues"]]
 
 
 def resolve_slot(text: Any, labels: list[str]) -> str | None:
@@ -130,6 +142,9 @@ def dialogue_problems(dialogues: list[Dialogue], labels: list[str]) -> list[str]
         where = d.id
         if d.kind not in KINDS:
             problems.append(f"{where}: unknown kind {d.kind!r}")
+        for m in d.meanwhile:
+            if resolve_slot(m.get("slot"), labels) != m.get("slot") or not 0 <= m.get("before_line", -1) < len(d.lines):
+                problems.append(f"{where}: meanwhile {m!r} names no configured slot or no line of the dialogue")
         if not d.lines or not all(isinstance(x, str) and x.strip() for x in d.lines):
             problems.append(f"{where}: needs caller lines")
         for s in d.seed:
@@ -306,6 +321,8 @@ class Setup:
     first_clause: bool = False
     first_clause_min_words: int = 6
     hold_line: str = ""  # [tools] hold_line: said when a tool call begins before any words
+    plan: bool = False  # [tools] plan: each turn a constrained plan, acted on (pipeline/plan.py)
+    guard: Any = None  # pipeline.guard.FactGuard ([agent] guard), or None
 
 
 async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dict], None] = lambda t: None) -> dict:
@@ -313,6 +330,7 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
     `store` (seeded already). The call ends early when a tool asks it to (transfer, end
     call). Returns the turns and the final database state, as JSON."""
     from pipeline.agent import chars_token_count
+    from pipeline.guard import claimed_actions, turn_guard
     from pipeline.sentences import SentenceSplitter
     from pipeline.stages.respond import respond
     from pipeline.timeline import TurnTimeline
@@ -325,6 +343,9 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
     box = ToolBox(store, f"bench-{d.id}")
     turns = []
     for n, line in enumerate(d.lines):
+        for other in d.meanwhile:  # another caller books a slot between this caller's lines
+            if other["before_line"] == n:
+                ToolBox(store, "another-caller").run("book_slot", {"slot": other["slot"], "name": other["name"]})
         messages = history.messages(line)
         sentences: asyncio.Queue = asyncio.Queue()
         tl, result = TurnTimeline(index=n), LLMResult()
@@ -334,10 +355,14 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
             if kind in ("sentence", "tool_result", "hold_line"):
                 marks.append((kind, time.monotonic()))
 
+        # The call's turn loop: the plan ([tools] plan) and the fact guard ([agent] guard) as a call has them.
         await respond(backend, messages, setup.params,
                       SentenceSplitter(setup.first_clause, setup.first_clause_min_words),
-                      sentences, tl, BargeIn(), result, emit, box, setup.hold_line)
+                      sentences, tl, BargeIn(), result, emit, box, setup.hold_line,
+                      turn_guard(setup.guard, line, result, box, [u for u, _ in history.exchanges if u]),
+                      setup.plan, line)
         spoken = " ".join(result.sentences)
+        done = {c["name"] for c in result.tool_calls if c["ok"]}
         history.add(line, spoken, result.tool_messages)  # what the caller heard, as a call keeps it
         m = tl.metrics()
         start = tl.get("llm_request")
@@ -353,6 +378,9 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
             "tool_calls": [{k: c[k] for k in ("name", "arguments", "ok", "result", "error", "elapsed_ms", "round")}
                            for c in result.tool_calls],
             "fallback": result.fallback, "action": result.action, "finish_reason": result.finish_reason,
+            # Actions the caller was told of that no tool call of this turn did ("You're booked").
+            "unbacked_claims": [t for t in claimed_actions(spoken) if t not in done],
+            "guarded": result.guarded, "plan": result.plan,
             "error": result.error,
             "first_sentence_s": (own[0] - start) if own and start is not None else None,
             "first_heard_s": m.get("first_sentence_latency"), "hold_line": held, "ttft_s": m.get("ttft"),
@@ -425,6 +453,8 @@ def summarize(rows: list[dict]) -> dict:
         "malformed_calls": sum(x["malformed_calls"] for x in v),
         "fallback_turns": sum(x["fallbacks"] for x in v),
         "double_bookings": sum(x["double_bookings"] for x in v),
+        "unbacked_claims": sum(len(t.get("unbacked_claims") or ()) for t in turns),
+        "guarded_sentences": sum(len(t.get("guarded") or ()) for t in turns),
         "turns": len(turns), "tool_turns": len(tool_turns), "plain_turns": len(plain_turns),
         "silent_turns": sum(not t["agent"] for t in turns),  # nothing said: no first sentence to time
         "latency": {
@@ -463,6 +493,8 @@ def print_table(report: dict) -> None:
     print(f"tool calls {s['calls']}, failed {s['failed_calls']} (malformed {s['malformed_calls']}), "
           f"fallback turns {s['fallback_turns']}, silent turns {s.get('silent_turns', 0)}, "
           f"double bookings {s['double_bookings']}")
+    print(f"claims of an action no tool did: {s.get('unbacked_claims', '-')}; sentences the fact guard held back: "
+          f"{s.get('guarded_sentences', '-')}")
     lat = s["latency"]
     fs = lat["first_sentence_s"]
     met = {None: "-", True: "met", False: "NOT met"}[fs["target_met"]]
@@ -551,6 +583,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
 
     from llm.backend import SpeculativeBackend
     from pipeline.agent import load_engine, sampling_params, system_prompt, tool_schemas, tool_values
+    from pipeline.guard import FactGuard
 
     # The tools on, as `[tools] enabled = true` gives a call: the same prompt paragraph and schemas.
     config = config.model_copy(update={"tools": config.tools.model_copy(update={"enabled": True})})
@@ -568,7 +601,8 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
     prefill = {"tokens": len(prefix), "seconds": time.perf_counter() - t}
     setup = Setup(prompt, params, labels, greeting=config.agent.greeting, history_tokens=config.agent.history_tokens,
                   count_tokens=engine.count_tokens, first_clause=config.pipeline.first_clause,
-                  first_clause_min_words=config.pipeline.first_clause_min_words, hold_line=config.tools.hold_line)
+                  first_clause_min_words=config.pipeline.first_clause_min_words, hold_line=config.tools.hold_line,
+                  plan=config.tools.plan, guard=FactGuard(config.business) if config.agent.guard else None)
 
     rows = []
     bar = tqdm(total=sum(len(d.lines) for d in dialogues), desc="bench tools", unit="turn", file=sys.stderr)
