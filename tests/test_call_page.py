@@ -78,9 +78,11 @@ def spoken_wav(models, path: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def chromium_with_microphone(wav: Path, profile: Path):
+async def chromium_with_microphone(wav: Path, profile: Path, loop: bool = False):
+    """Chromium whose microphone reads `wav` (once, or over and over with `loop`)."""
     flags = [*FLAGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
-             f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required"]
+             f"--use-file-for-fake-audio-capture={wav}{'' if loop else '%noloop'}",
+             "--autoplay-policy=no-user-gesture-required"]
     proc = subprocess.Popen([CHROMIUM, *flags, f"--user-data-dir={profile}", "about:blank"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -252,3 +254,50 @@ async def test_call_from_the_page_in_headless_chromium(models, tmp_path):
     assert value("specvoice_llm_tokens_per_pass", "specvoice_llm_tokens_per_pass_sum") == pytest.approx(
         sum(t["llm"]["tokens_per_pass"] for t in report["turns"]))
     assert value("specvoice_voice_to_voice_seconds", "specvoice_voice_to_voice_seconds_count") == len(report["turns"])
+
+
+async def test_talking_over_the_agent_stops_its_audio_in_the_page(models, tmp_path):
+    """Barge-in through the page, with cheap stand-ins behind the server (an energy VAD, a
+    scripted answer spoken as 20 s of tone) and a microphone that says a phrase every 4 s
+    (Chromium loops the file): whatever the machine's speed, a phrase comes while the long
+    answer plays. The server's clear reaches the page, which had received only part of
+    the answer, and the call reports the turn as interrupted."""
+    from callfakes import FakeModels, ToneTTS
+    from demo.report_html import render_html
+    from pipeline.transports.web.agent_server import agent_server
+    from voice.audio import resample, to_float32
+    from voice.wav import write_wav
+
+    chunks = list(models.tts.synthesize("Excuse me, one question."))
+    phrase = resample(np.concatenate([to_float32(c.pcm) for c in chunks]), chunks[0].sample_rate, 16000)
+    gap = np.zeros(int(16000 * max(0.5, 4.0 - len(phrase) / 16000)), np.float32)
+    wav = write_wav(tmp_path / "again-and-again.wav", np.concatenate([0.8 * phrase, gap]), 16000)
+
+    answer_s = 20.0  # two sentences of 10 s of tone
+    fakes = FakeModels(tts=ToneTTS(chunks=100, chunk_s=0.1))
+    cfg = page_config(tmp_path)
+    server = agent_server(cfg, BridgeTokens.of(bearer_token="page-test-token"), models=fakes,
+                          render_report=render_html, greeting=False, preload=False)
+    port = await server.start()
+    try:
+        async with chromium_with_microphone(wav, tmp_path / "profile", loop=True) as devtools, \
+                page(devtools, f"http://127.0.0.1:{port}/") as cdp:
+            await click(cdp, "#call")
+            ev = "window.specvoice.events"
+            await until(cdp, f"{ev}.some(e => e.kind === 'barge_in' && e.turn === 0) && window.specvoice.clears >= 1",
+                        "the caller to talk over the first answer")
+            s = await state(cdp)
+            await click(cdp, "#hangup")
+            await until(cdp, "window.specvoice.state === 'ended' && window.specvoice.report", "the report link")
+            errors = cdp.errors()
+    finally:
+        await asyncio.wait_for(server.stop(), 60)
+    assert errors == [], errors
+    first_clear = s["clearLog"][0]
+    # Some of the answer had come and been played, and it stopped far short of its 20 s.
+    assert 0 < first_clear["received"] < 0.5 * answer_s * 16000, first_clear
+    heard = [e["text"] for e in s["events"] if e["kind"] == "heard" and e["turn"] == 0]
+    report = json.loads(next((tmp_path / "reports").glob("*.json")).read_text())
+    turn0 = report["turns"][0]
+    assert turn0["interrupted"] is True and turn0["agent_text"] == "Hello. We are open nine to five."
+    assert "We are open nine to five." not in heard and turn0["agent_text_heard"] != turn0["agent_text"]

@@ -17,7 +17,7 @@ const METRICS = [
 
 const S = window.specvoice = {
   state: "idle", callId: null, report: null, error: null,
-  events: [], clears: 0, marksPlayed: 0,
+  events: [], clears: 0, clearLog: [], marksPlayed: 0,
   audio: {received: 0, played: 0, audible: 0, dropped: 0},
   turns: {},  // index -> {metrics, provisional, final}
 };
@@ -128,7 +128,9 @@ function onServer(e) {
   } else if (m.type === "mark") {
     player.port.postMessage({type: "mark", name: m.name});
   } else if (m.type === "clear") {
-    S.clears++;  // barge-in: the agent's queued audio stops now
+    // Barge-in: the agent's queued audio stops now (the server sends no more of it).
+    S.clears++;
+    S.clearLog.push({received: S.audio.received, played: S.audio.played});
     player.port.postMessage({type: "clear"});
   } else if (m.type === "event") {
     S.events.push(m);
