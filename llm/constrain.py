@@ -40,7 +40,7 @@ from llm.drafters import Proposal
 from llm.sampling import apply_mask
 from llm.types import Constraint, SamplingParams
 
-__all__ = ["ConstraintError", "ConstraintState", "GrammarDrafter", "Grammars", "apply_mask", "check_text", "grammar_text"]
+__all__ = ["ConstraintError", "ConstraintState", "GrammarDrafter", "Grammars", "apply_mask", "check_text", "grammar_text", "validate"]
 
 
 class ConstraintError(ValueError):
@@ -80,16 +80,26 @@ def grammar_text(c: Constraint, compact: bool = True) -> str:
         raise ConstraintError(f"the {c.kind} constraint does not compile: {e}") from e
 
 
-def check_text(constraint: Constraint, text: str) -> str | None:
-    """Why `text` does not satisfy `constraint` as a whole, or None when it does (for
+def validate(c: Constraint, compact: bool = True) -> str:
+    """The constraint's grammar once it is known to compile; else ConstraintError (no
+    tokenizer needed: what a server will be sent is checked here first)."""
+    import llguidance
+
+    grammar = grammar_text(c, compact)
+    problem = llguidance.LLMatcher.validate_grammar(grammar, None)
+    if problem:
+        raise ConstraintError(f"the {c.kind} constraint does not compile: {problem}")
+    return grammar
+
+
+def check_text(constraint: Constraint, text: str, complete: bool = True) -> str | None:
+    """Why `text` does not satisfy `constraint` as a whole (or, not `complete`, cannot
+    begin a text that does: an answer cut by its length), or None when it does (for
     servers' answers, which we cannot mask: llm/openai_backend.py checks them). Needs
     no tokenizer: llguidance's byte-level matcher reads the text as bytes."""
     import llguidance
 
-    grammar = grammar_text(constraint, compact=False)
-    problem = llguidance.LLMatcher.validate_grammar(grammar, None)
-    if problem:
-        raise ConstraintError(f"the {constraint.kind} constraint does not compile: {problem}")
+    grammar = validate(constraint, compact=False)
     tok = _byte_tokenizer()
     m = llguidance.LLMatcher(tok, grammar, log_level=0)
     data = text.encode("utf-8")
@@ -97,7 +107,7 @@ def check_text(constraint: Constraint, text: str) -> str | None:
         if not m.consume_token(byte):
             return (f"the text stops matching the {constraint.kind} constraint at byte {i}: "
                     f"{data[:i].decode('utf-8', 'replace')[-40:]!r} then {data[i:i + 10].decode('utf-8', 'replace')!r}")
-    if not m.is_accepting():
+    if complete and not m.is_accepting():
         return f"the text ends before the {constraint.kind} constraint is complete"
     return None
 

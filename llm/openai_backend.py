@@ -15,6 +15,18 @@ is handled by that text filter, as for the in-process engine. Arguments that are
 JSON object make the parse an error, the same path as a bad `<tool_call>` block: an
 assistant message whose arguments a server cannot parse would fail the next request.
 
+Constraints (`SamplingParams.constraint`, llm/constrain.py) go to the server as its
+dialect says (`dialect=`):
+    "openai"     a JSON schema as `response_format` {"type": "json_schema", strict}; a regex
+                 or a grammar has no place in OpenAI's API and is refused before sending
+    "llama.cpp"  a JSON schema as `response_format`; a regex or a Lark grammar as
+                 `grammar` with llama.cpp's `%llguidance` header (its llguidance build:
+                 the same grammar language the in-process engine reads)
+    "vllm"       `structured_outputs` {"json" | "regex" | "grammar"} (vLLM, SGLang-style)
+The server's whole answer is then checked against the constraint (llguidance over its
+bytes): a server that ignored it (lmdeploy did, silently, until 2026) is an error that
+says so, not a wrong answer passed on.
+
 Cancellation (barge-in) is checked while waiting for every chunk, not only between them,
 so a server stalled in prefill does not delay it: the HTTP stream is closed and a final
 group with finish_reason "cancelled" is yielded.
@@ -33,11 +45,13 @@ from typing import Any
 import httpx
 
 from llm.tool_calls import CLOSE, OPEN, ToolCall, ToolCallParse
-from llm.types import FinishReason, GenerationStats, SamplingParams, TokenGroup
+from llm.types import Constraint, FinishReason, GenerationStats, SamplingParams, TokenGroup
 
 __all__ = ["OpenAIBackendError", "OpenAIChatBackend", "streamed_tool_parse", "wire_messages"]
 
 CancelEvent = asyncio.Event | threading.Event
+
+DIALECTS = ("openai", "llama.cpp", "vllm")
 
 _POLL_S = 0.02  # how often a threading.Event cancel is checked while a chunk is awaited
 
@@ -59,7 +73,11 @@ class OpenAIChatBackend:
         extra_body: dict[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         tools: list[dict] | None = None,
+        dialect: str = "openai",
     ) -> None:
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown server dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
+        self.dialect = dialect
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self.model = model
@@ -115,6 +133,8 @@ class OpenAIChatBackend:
             body["top_k"] = params.top_k
         if self.tools:
             body["tools"] = self.tools
+        if params.constraint is not None:
+            body.update(constraint_fields(params.constraint, self.dialect))
         body.update(self.extra_body)
         return body
 
@@ -132,7 +152,8 @@ class OpenAIChatBackend:
         if cancel is not None and cancel.is_set():
             yield TokenGroup((), "", 0, 0, finish_reason="cancelled")
             return
-        body = self.request_body(messages, params)
+        body = self.request_body(messages, params)  # a constraint the dialect cannot carry fails here
+        written: list[str] = []  # the answer's text, checked against a constraint at the end
         try:
             async with self._http().stream("POST", self.url, json=body) as response:
                 if response.status_code >= 400:
@@ -157,6 +178,10 @@ class OpenAIChatBackend:
                             return
                         group = self._group(event, stats, started, calls)
                         if group is not None:
+                            written.append(group.text)
+                            if group.finish_reason in ("eos", "stop", "length") and params.constraint is not None:
+                                # Cut by its length, the text must still begin a matching one.
+                                self._check_constraint(params.constraint, "".join(written), group.finish_reason != "length")
                             if group.finish_reason is not None:
                                 # Before the final group: the turn reads it once the stream ends.
                                 self.last_tool_parse = streamed_tool_parse(calls)
@@ -182,6 +207,17 @@ class OpenAIChatBackend:
             ) from exc
         except httpx.HTTPError as exc:
             raise OpenAIBackendError(f"HTTP error talking to the LLM server at {self.url}: {exc}") from exc
+
+    def _check_constraint(self, constraint: Constraint, text: str, complete: bool) -> None:
+        from llm.constrain import check_text
+
+        problem = check_text(constraint, text, complete)
+        if problem is not None:
+            raise OpenAIBackendError(
+                f"the LLM server at {self.url} did not keep to the {constraint.kind} constraint ({problem}); "
+                f"it may ignore the fields of dialect {self.dialect!r}: set llm.openai.dialect to the server's "
+                f"({', '.join(DIALECTS)})"
+            )
 
     def _wants_usage(self) -> bool:
         options = self.extra_body.get("stream_options")
@@ -250,6 +286,31 @@ class OpenAIChatBackend:
         except (json.JSONDecodeError, TypeError, AttributeError):
             message = raw.strip()[:500] or response.reason_phrase
         return f"the LLM server at {self.url} answered HTTP {response.status_code}: {message}"
+
+
+def constraint_fields(c: Constraint, dialect: str) -> dict[str, Any]:
+    """The request fields that carry constraint `c` to a server of `dialect` (module doc)."""
+    from llm.constrain import ConstraintError, validate
+
+    validate(c, compact=False)  # a constraint that does not compile is refused here, not by the server
+    if c.kind == "json_schema":
+        schema = json.loads(c.text)
+        if dialect == "vllm":
+            return {"structured_outputs": {"json": schema}}
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "answer", "schema": schema, "strict": True}}}
+    if dialect == "vllm":
+        return {"structured_outputs": {c.kind: c.text}}
+    if dialect == "llama.cpp":
+        if c.kind == "regex":
+            import llguidance
+
+            return {"grammar": "%llguidance {}\nstart: /" + llguidance.regex_to_lark(c.text, "") + "/\n"}
+        return {"grammar": "%llguidance {}\n" + c.text}
+    raise ConstraintError(
+        f"OpenAI's API carries JSON schemas only, not a {c.kind}: send a JSON schema, or set "
+        "llm.openai.dialect to \"llama.cpp\" or \"vllm\" for a server that takes grammars"
+    )
 
 
 def _error_text(payload: Any) -> str:

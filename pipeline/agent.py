@@ -225,7 +225,7 @@ class AgentModels:
 
             o = config.llm.openai
             return OpenAIChatBackend(o.base_url, o.model, os.environ.get(o.api_key_env), o.timeout_s,
-                                     tools=tool_schemas(config))
+                                     tools=tool_schemas(config), dialect=o.dialect)
         from llm.backend import SpeculativeBackend
 
         return SpeculativeBackend(self.engine, tools=tool_schemas(config), tool_values=tool_values(config))

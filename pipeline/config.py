@@ -29,6 +29,9 @@ class OpenAIConfig(Section):
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 30.0
+    # How the server takes a constraint (llm/openai_backend.py): "openai" (JSON schemas
+    # only), "llama.cpp" (its llguidance grammars too), "vllm" (structured_outputs).
+    dialect: Literal["openai", "llama.cpp", "vllm"] = "openai"
 
 
 class LLMConfig(Section):

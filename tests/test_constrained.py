@@ -289,6 +289,7 @@ def test_check_text_reads_whitespace_a_server_may_write():
     assert check_text(c, json.dumps({"day": "Monday", "time": "9:00", "name": "Al"}, indent=2)) is None
     assert "stops matching" in check_text(c, '{"day": "Sunday"}')
     assert "ends before" in check_text(c, '{"day": "Monday"')
+    assert check_text(c, '{"day": "Monday"', complete=False) is None  # an answer cut by its length
 
 
 # ---------------------------------------------------------------- sampling under a mask
