@@ -27,11 +27,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ACTS", "Outcome", "Plan", "PlanParse", "act", "parse_plan", "plan_grammar", "plan_prompt"]
+__all__ = ["ACTS", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "parse_plan", "plan_grammar", "plan_prompt"]
 
 # The acts, in the order the prompt lists them. "answer": a question, answered from the facts.
 ACTS = ("answer", "book", "cancel", "message", "transfer", "end_call")
 NAME_CHARS = 40
+OTHER_SLOT = "another time"  # the caller asked for a time the database does not have
 MESSAGE_CHARS = 200
 
 
@@ -54,13 +55,15 @@ def _alternatives(values: list[str]) -> str:
 
 def plan_grammar(open_slots: list[str], all_slots: list[str]) -> str:
     """The Lark grammar of a turn's output: the plan line, then free text after an answer
-    plan. `open_slots`: what may be booked now; `all_slots`: what may be cancelled.
-    An act whose slot list is empty is left out (nothing to book)."""
-    acts = ['"{\\"act\\": \\"answer\\"}\\n" ANSWER']
-    if open_slots:
-        acts.append('"{\\"act\\": \\"book\\", \\"slot\\": " OPEN ", \\"name\\": " NAME "}"')
-    if all_slots:
-        acts.append('"{\\"act\\": \\"cancel\\", \\"slot\\": " ANY ", \\"name\\": " NAME "}"')
+    plan. A slot is one of the database's slots (`all_slots`, the open ones first) or
+    OTHER_SLOT, for a time it does not have. Why not only the open ones: with Tuesday
+    taken, "the Tuesday slot please" had the 1.5B forced into Wednesday and booked it
+    (`specvoice chat`, the default pair); with Tuesday in the enum the database refuses
+    it and the caller is told so and offered the open ones (`act`)."""
+    slots = list(dict.fromkeys([*open_slots, *all_slots]))
+    acts = ['"{\\"act\\": \\"answer\\"}\\n" ANSWER',
+            '"{\\"act\\": \\"book\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
+            '"{\\"act\\": \\"cancel\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"']
     acts.append('"{\\"act\\": \\"message\\", \\"name\\": " NAME ", \\"message\\": " MESSAGE "}"')
     acts.append('"{\\"act\\": \\"transfer\\"}"')
     acts.append('"{\\"act\\": \\"end_call\\"}"')
@@ -69,10 +72,7 @@ def plan_grammar(open_slots: list[str], all_slots: list[str]) -> str:
              # No quote, backslash or control character: the value is a JSON string as written.
              f'NAME: /"[^"\\\\\\x00-\\x1f]{{0,{NAME_CHARS}}}"/',
              f'MESSAGE: /"[^"\\\\\\x00-\\x1f]{{1,{MESSAGE_CHARS}}}"/']
-    if open_slots:
-        lines.append(f"OPEN: {_alternatives(open_slots)}")
-    if all_slots:
-        lines.append(f"ANY: {_alternatives(all_slots)}")
+    lines.append(f"SLOT: {_alternatives([*slots, OTHER_SLOT])}")
     return "\n".join(lines) + "\n"
 
 
@@ -82,7 +82,8 @@ def plan_prompt(open_slots: list[str]) -> str:
     slot = open_slots[0] if open_slots else "Monday 9:00 a.m."
     return ("Every reply starts with a plan on its own line, then the answer if there is one:\n"
             '- a question: {"act": "answer"} then the answer on the next line\n'
-            f'- to book a slot: {{"act": "book", "slot": "{slot}", "name": "<the caller\'s name>"}}\n'
+            f'- to book a slot: {{"act": "book", "slot": "{slot}", "name": "<the caller\'s name>"}}'
+            f' (a time not among the slots: "slot": "{OTHER_SLOT}")\n'
             f'- to cancel a booking: {{"act": "cancel", "slot": "{slot}", "name": "<the name it is under>"}}\n'
             '- to leave a message for the staff: {"act": "message", "name": "<name>", "message": "<the message>"}\n'
             '- to speak to a person: {"act": "transfer"}\n'
@@ -128,6 +129,8 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "") -> Outcome:
     """Do what `plan` asks through the call's ToolBox (pipeline/tools.py; synchronous:
     run it in a thread) and say what the database did. Never raises."""
     store = toolbox.store
+    if plan.act in ("book", "cancel") and plan.slot == OTHER_SLOT:
+        return Outcome(_not_a_slot(store, plan.act))
     if plan.act == "book":
         if not plan.name:
             return Outcome(f"I can book {plan.slot} for you. May I have your name?")
@@ -158,6 +161,18 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "") -> Outcome:
         o = toolbox.run("end_call", {})
         return Outcome("Goodbye.", [o], o.action if o.ok else None)
     raise ValueError(f"act() is for actions; {plan.act!r} is answered by the model")
+
+
+def _not_a_slot(store: Any, act_: str) -> str:
+    try:
+        others = store.open_slots()
+    except Exception:
+        others = []
+    if act_ == "cancel":
+        return "Which booking would you like to cancel? Please tell me its day and time."
+    if not others:
+        return "Sorry, we don't have that time, and no slot is open right now. I can take a message instead."
+    return "Sorry, we don't have that time. The open slots are: " + "; ".join(others) + "."
 
 
 def _refused(slot: str, store: Any) -> str:

@@ -14,7 +14,7 @@ import pytest
 from callfakes import ScriptedBackend
 from llm.types import SamplingParams
 from pipeline.bookings import open_store
-from pipeline.plan import Plan, act, parse_plan, plan_grammar
+from pipeline.plan import OTHER_SLOT, Plan, act, parse_plan, plan_grammar
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.plan_step import PlanFilter
 from pipeline.stages.respond import respond
@@ -36,14 +36,15 @@ def plan_line(act_: str, **fields) -> str:
     return json.dumps({"act": act_, **fields})
 
 
-def test_grammar_names_only_the_slots_given():
-    g = plan_grammar(SLOTS[1:], SLOTS)
-    open_rule = next(line for line in g.splitlines() if line.startswith("OPEN:"))
-    assert SLOTS[0] not in open_rule and all(s in open_rule for s in SLOTS[1:])
-    any_rule = next(line for line in g.splitlines() if line.startswith("ANY:"))
-    assert all(s in any_rule for s in SLOTS)
-    # No open slot: booking is not among the acts at all.
-    assert '\\"book\\"' not in plan_grammar([], SLOTS) and "OPEN:" not in plan_grammar([], SLOTS)
+def slot_rule(grammar: str) -> list[str]:
+    """The slot values the grammar allows, in order."""
+    rule = next(line for line in grammar.splitlines() if line.startswith("SLOT:"))
+    return [json.loads(json.loads(alt)) for alt in rule.removeprefix("SLOT:").split(" | ")]
+
+
+def test_grammar_slots_are_the_databases_open_ones_first_then_another_time():
+    assert slot_rule(plan_grammar(SLOTS[1:], SLOTS)) == [SLOTS[1], SLOTS[2], SLOTS[0], OTHER_SLOT]
+    assert slot_rule(plan_grammar([], [])) == [OTHER_SLOT]
 
 
 @pytest.mark.parametrize("text, plan, answer", [
@@ -152,19 +153,34 @@ async def test_a_book_plan_books_and_says_what_the_database_did(store):
     assert spoken == ["One moment, please.", f"You're booked for {SLOTS[1]}, under the name Ann Lee."]
     assert result.tool_calls[0]["name"] == "book_slot" and result.tool_calls[0]["ok"]
     assert result.plan == {"act": "book", "slot": SLOTS[1], "name": "Ann Lee", "open_slots": 3, "error": None,
-                           "plan_ms": result.plan["plan_ms"]}
+                           "plan_ms": result.plan["plan_ms"], "line": plan_line("book", slot=SLOTS[1], name="Ann Lee")}
     # The history gets the plan as the model wrote it and the database's result.
     assert result.tool_messages[0]["as_written"] == plan_line("book", slot=SLOTS[1], name="Ann Lee")
     assert json.loads(result.tool_messages[1]["content"])["booked"] is True
 
 
-async def test_the_grammar_offers_only_the_slots_open_at_the_start_of_the_turn(store):
+async def test_the_grammar_names_the_databases_slots_at_the_start_of_the_turn(store):
     ToolBox(store, "other").run("book_slot", {"slot": SLOTS[0], "name": "Someone"})
     backend = Recording(['{"act": "answer"}\nSure.'])
     await turn(backend, ToolBox(store, "c"))
-    grammar = backend.params[0].constraint.text
-    open_rule = next(line for line in grammar.splitlines() if line.startswith("OPEN:"))
-    assert SLOTS[0] not in open_rule and SLOTS[1] in open_rule and SLOTS[2] in open_rule
+    # The open ones first; the taken one stays nameable (the database refuses it: the
+    # model is not forced onto another slot the caller never asked for).
+    assert slot_rule(backend.params[0].constraint.text) == [SLOTS[1], SLOTS[2], SLOTS[0], OTHER_SLOT]
+
+
+async def test_a_time_the_database_does_not_have_books_nothing_and_offers_the_open_ones(store):
+    result, spoken = await turn(Recording([plan_line("book", slot=OTHER_SLOT, name="Ann Lee")]), ToolBox(store, "c"),
+                                caller="Can I come Monday at 9? I'm Ann Lee.")
+    assert spoken == ["Sorry, we don't have that time. The open slots are: " + "; ".join(SLOTS) + "."]
+    assert result.tool_calls == [] and store.bookings() == []
+
+
+async def test_a_taken_slot_named_in_the_plan_is_refused_by_the_database(store):
+    ToolBox(store, "other").run("book_slot", {"slot": SLOTS[0], "name": "Someone"})
+    result, spoken = await turn(Recording([plan_line("book", slot=SLOTS[0], name="Ann Lee")]), ToolBox(store, "c"))
+    assert not result.tool_calls[0]["ok"]
+    assert spoken == [f"Sorry, {SLOTS[0]} was just taken. I can offer {SLOTS[1]}, or {SLOTS[2]}. Which would you like?"]
+    assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Someone")]
 
 
 async def test_slot_taken_while_the_plan_is_written(store):
@@ -174,7 +190,7 @@ async def test_slot_taken_while_the_plan_is_written(store):
     backend = Recording([plan_line("book", slot=SLOTS[0], name="Ann Lee")],
                         before_stream=lambda: other.run("book_slot", {"slot": SLOTS[0], "name": "Quick Caller"}))
     result, spoken = await turn(backend, ToolBox(store, "c"))
-    assert SLOTS[0] in next(line for line in backend.params[0].constraint.text.splitlines() if line.startswith("OPEN:"))
+    assert SLOTS[0] == slot_rule(backend.params[0].constraint.text)[0]  # open when the turn began
     assert not result.tool_calls[0]["ok"] and "already booked" in result.tool_calls[0]["error"]
     assert spoken == [f"Sorry, {SLOTS[0]} was just taken. I can offer {SLOTS[1]}, or {SLOTS[2]}. Which would you like?"]
     assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Quick Caller")]
@@ -192,8 +208,8 @@ async def test_a_transfer_plan_ends_the_call_after_the_turn(store):
 @pytest.mark.parametrize("seed", range(6))
 async def test_constrained_plan_is_valid_by_construction_and_names_only_open_slots(tiny_models, store, seed):
     """Whatever the model (here random weights, sampled at temperature 1.5), the turn's
-    first line is a plan the grammar allows: an act of ACTS, and a booking's slot one the
-    database had open at the start of the turn."""
+    first line is a plan the grammar allows: an act of ACTS, a slot of the database's (or
+    "another time"), and nothing is booked on the slot taken before the turn."""
     import torch
 
     from llm.backend import SpeculativeBackend
@@ -223,8 +239,8 @@ async def test_constrained_plan_is_valid_by_construction_and_names_only_open_slo
     assert result.error is None
     assert result.plan["error"] is None and result.plan["act"] in ACTS
     assert grammars[0].kind == "grammar"
-    if result.plan["act"] == "book":
-        assert result.plan["slot"] in SLOTS[1:]  # never the slot that was taken before the turn
+    if result.plan["act"] in ("book", "cancel"):
+        assert result.plan["slot"] in [*SLOTS, OTHER_SLOT]
     booked = [b for b in store.bookings(include_cancelled=False) if b.name != "Taken Already"]
     assert all(b.slot in SLOTS[1:] for b in booked)
     assert check_text(Constraint.grammar(grammars[0].text), _written(result)) is None
@@ -233,7 +249,4 @@ async def test_constrained_plan_is_valid_by_construction_and_names_only_open_slo
 def _written(result: LLMResult) -> str:
     """The round's text as the model wrote it: the plan line (kept in the history for an
     action) or the plan line and the answer."""
-    for m in result.tool_messages:
-        if m.get("as_written"):
-            return m["as_written"]
-    return '{"act": "answer"}\n' + result.text if result.plan["act"] == "answer" else result.text
+    return '{"act": "answer"}\n' + result.text if result.plan["act"] == "answer" else result.plan["line"]

@@ -97,7 +97,7 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: Any, ca
     result.plan = {"act": parse.plan.act if parse.plan else None,
                    **({k: v for k, v in dataclasses.asdict(parse.plan).items() if v and k != "act"}
                       if parse.plan else {}),
-                   "open_slots": len(open_slots), "error": parse.error,
+                   "open_slots": len(open_slots), "error": parse.error, "line": filt.text.partition("\n")[0][:400],
                    "plan_ms": round((time.monotonic() - start) * 1000, 1)}
     if answer.barge_in.fired or result.finish_reason in ("cancelled", "error"):
         return
