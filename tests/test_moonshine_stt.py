@@ -278,3 +278,14 @@ def test_agent_builds_moonshine_with_the_vocabulary(monkeypatch):
     assert list(built["vocabulary"]) == ["Aetna"]
     AgentModels.load(Config.model_validate({"llm": {"backend": "openai"}, "stt": {"window": "audio"}}), warm=False)
     assert built["cls"] == "RecordingWhisper" and built["window"] == "audio"
+
+
+@pytest.mark.models
+def test_transcribe_command_takes_the_engine(capsys):
+    from conftest import require_model, speech_clips
+    from demo.cli import main
+
+    require_model("moonshine-base-en")
+    path, _ref = speech_clips()[3]  # "has never been surpassed."
+    assert main(["transcribe", str(path), "--engine", "moonshine", "--phone"]) == 0
+    assert "surpassed" in capsys.readouterr().out.lower()

@@ -42,6 +42,17 @@ its own business's vocabulary), dental sentences dense in domain words (the issu
   specvoice bench voice --vocabulary --phone --out bench/results/stt_vocabulary.json
   specvoice bench voice --vocabulary --phone --repeat 3 --modes none initial_prompt
 
+--engines compares every STT engine and window side by side, in one run, on the same
+audio: WER and ms per utterance for faster-whisper tiny.en and base with the 30 s window
+and with the window cut to the audio (+ 4 s, guarded), and Moonshine base (as it writes,
+and with the business vocabulary matched on). Whisper gets the business vocabulary as
+its prompt, as in a call. Sets: the LJ clips, the Piper questions, the dental sentences
+and noise, each direct and through the 8 kHz mu-law phone path. Engines take turns on
+each utterance (interleaved), so a busy machine slows them alike. WER here counts
+numbers as spoken ("48213" = "forty-eight thousand two hundred thirteen").
+
+  specvoice bench voice --engines --out bench/results/stt-engines.json
+
 With --vocabulary, --repeat N speaks every sentence N times: once without Piper's random
 noise (the same audio in every run), then N-1 times with it (a different take each time).
 """
@@ -96,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of the speed benchmark")
     parser.add_argument("--modes", nargs="*", default=None, metavar="MODE",
                         help="with --vocabulary: the modes to compare (default: all four)")
+    parser.add_argument("--engines", action="store_true",
+                        help="WER and ms per utterance of every STT engine and window, side by side "
+                             "(direct and phone path), instead of the speed benchmark")
+    parser.add_argument("--stt-threads", type=int, default=1,
+                        help="with --engines: CPU threads per STT engine (default: %(default)s)")
 
 
 def _speech_dir() -> Path:
@@ -112,6 +128,10 @@ def _summary(values: list[float]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "engines", False):
+        from demo.bench.stt_engines import run_engines
+
+        return run_engines(args)
     if args.vocabulary:
         return run_vocabulary(args)
     args.stt = ["whisper-tiny.en", "whisper-base"] if args.stt is None else args.stt

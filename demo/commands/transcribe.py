@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "transcribe a WAV file with Whisper (optionally as heard over a phone line)"
+HELP = "transcribe a WAV file with Whisper or Moonshine (optionally as heard over a phone line)"
 DESCRIPTION = """\
 Print the transcript of an audio file, using the same Whisper engine as the agent
 (faster-whisper, int8 on CPU). Any rate and channel count is accepted: stereo is mixed
@@ -19,6 +19,8 @@ G.711 mu-law, back up), so you can hear-check how the agent copes with telephony
   specvoice transcribe hello.wav --phone --timing         # as over a call, with timing on stderr
   specvoice transcribe hello.wav --model ~/models/my-ct2-whisper   # any CTranslate2 model folder
   specvoice transcribe call.wav --phone --vocabulary "Riverside Dental, Dr. Patel, Aetna, slot"
+  specvoice transcribe hello.wav --window audio           # Whisper encodes the audio + 4 s, not 30 s
+  specvoice transcribe hello.wav --engine moonshine       # Moonshine base: cost follows the audio
 
 --vocabulary gives Whisper the words a caller is likely to say that it may not know
 (names, services, days), comma-separated, as its initial prompt (the agent's
@@ -31,9 +33,13 @@ Models are catalog names pulled with `specvoice models pull NAME` (faster-whispe
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE.wav", help="audio file to transcribe (WAV, FLAC, OGG: anything libsndfile reads)")
-    parser.add_argument("--model", default="whisper-base",
-                        help="catalog name (whisper-base, whisper-tiny.en; or base, tiny.en) or a CTranslate2 "
-                             "model folder (default: %(default)s)")
+    parser.add_argument("--engine", default="whisper", choices=["whisper", "moonshine"],
+                        help="faster-whisper or Moonshine base English (default: %(default)s)")
+    parser.add_argument("--model", default=None,
+                        help="catalog name (whisper-base, whisper-tiny.en; or base, tiny.en; moonshine-base-en) "
+                             "or a model folder (default: whisper-base, or moonshine-base-en with --engine moonshine)")
+    parser.add_argument("--window", default="full", choices=["full", "audio"],
+                        help="Whisper: encode the 30 s window, or the audio + 4 s (default: %(default)s)")
     parser.add_argument("--phone", action="store_true", help="pass the audio through 8 kHz mu-law first, as a phone call would")
     parser.add_argument("--beam-size", type=int, default=1, help="beam search width; 1 is greedy and fastest (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
@@ -58,10 +64,18 @@ def run(args: argparse.Namespace) -> int:
         audio, rate = read_wav(args.file)
         if args.phone:
             audio = phone_roundtrip(audio, rate)
-        stt = WhisperSTT(resolve_model(args.model, kind="stt"), device=args.device,
-                         compute_type=args.compute_type, beam_size=args.beam_size,
-                         initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords)
-        result = stt.transcribe_full(audio, rate)
+        if args.engine == "moonshine":
+            from voice.moonshine import MoonshineSTT
+
+            # No prompt: the vocabulary is matched onto the transcript.
+            stt = MoonshineSTT(resolve_model(args.model or "moonshine-base-en", kind="stt"),
+                               vocabulary=[w for w in args.vocabulary.split(",") if w.strip()])
+            result = stt.transcribe_full(audio, rate)
+        else:
+            stt = WhisperSTT(resolve_model(args.model or "whisper-base", kind="stt"), device=args.device,
+                             compute_type=args.compute_type, beam_size=args.beam_size,
+                             initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords, window=args.window)
+            result = stt.transcribe_full(audio, rate)
     except (AudioFormatError, ModelNotFoundError, ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
