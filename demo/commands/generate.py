@@ -20,8 +20,15 @@ examples:
   specvoice generate --prompt "Hi" --gamma 0 --json                       # plain decoding, JSON out
   specvoice generate --messages chat.json --temperature 0.8 --top-p 0.9 --seed 7
 
+constrained (every token masked to what the constraint allows; exact under speculation,
+and the tokens it forces are drafted for free):
+  specvoice generate --messages chat.json --json-schema booking.schema.json
+  specvoice generate --prompt "Open on Monday? Answer:" --regex " (Yes|No), we (are|are not) open\."
+  specvoice generate --messages chat.json --grammar plan.lark       # Lark, as llguidance reads it
+
 chat.json is a list of {"role": "system"|"user"|"assistant", "content": "..."}.
-With --json the output is one object: token_ids, groups (lists of ids), text, stats.
+With --json the output is one object: token_ids, groups (lists of ids), text, stats
+(with forced_tokens: how many tokens the constraint left no choice for).
 """
 
 
@@ -46,6 +53,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", type=Path, metavar="FILE", help="write JSON that this JSON schema file allows")
+    shape.add_argument("--regex", metavar="R", help="write text that this regular expression matches as a whole")
+    shape.add_argument("--grammar", type=Path, metavar="FILE", help="write text of this Lark grammar (start rule: start)")
+
+
+def read_constraint(args: argparse.Namespace):
+    """The --json-schema / --regex / --grammar constraint, or None; SystemExit(2) with the
+    file's problem when it cannot be read."""
+    from llm.types import Constraint
+
+    if args.regex is not None:
+        return Constraint.regex(args.regex)
+    for path, kind in ((args.json_schema, "json_schema"), (args.grammar, "grammar")):
+        if path is None:
+            continue
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SystemExit(f"error: cannot read {path}: {exc.strerror or exc}")
+        if kind == "json_schema":
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"error: {path} is not JSON ({exc}); --json-schema takes a JSON schema file")
+        try:
+            return Constraint(kind, text)
+        except ValueError as exc:
+            raise SystemExit(f"error: {path}: {exc}")
+    return None
 
 
 def parse_gamma(value: str | None, default):
@@ -83,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {args.messages} must be a JSON list of {{role, content}} messages ({exc})", file=sys.stderr)
             return 2
 
+    try:
+        constraint = read_constraint(args)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
     from llm.engine import SpeculativeEngine
     from llm.loading import ModelLoadError, TokenizerMismatchError
     from llm.types import SamplingParams
@@ -105,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(
             max_new_tokens=args.max_new_tokens or cfg.max_new_tokens, temperature=temperature,
             top_k=args.top_k, top_p=args.top_p, seed=args.seed if args.seed is not None else cfg.seed,
-            stop=tuple(args.stop or cfg.stop),
+            stop=tuple(args.stop or cfg.stop), constraint=constraint,
         )
         prompt = engine.chat_prompt(messages) if messages is not None else engine.encode(args.prompt)
         if not prompt:
@@ -117,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 sys.stdout.write(group.text)
                 sys.stdout.flush()
-    except ValueError as exc:
+    except ValueError as exc:  # a constraint that does not compile is a ConstraintError (a ValueError)
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1
     ids = [t for g in groups for t in g.token_ids]
@@ -135,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"\n[{s['new_tokens']} tokens in {s['passes']} target passes: {s['tokens_per_pass']:.2f}/pass, "
             f"acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_s']:.2f} tokens/s, "
-            f"TTFT {s['ttft_s']:.3f}s, finish {groups[-1].finish_reason}]",
+            f"TTFT {s['ttft_s']:.3f}s, finish {groups[-1].finish_reason}"
+            + (f", {s['forced_tokens']} tokens forced by the constraint" if constraint is not None else "") + "]",
             file=sys.stderr,
         )
     return 0
