@@ -611,11 +611,16 @@ _NOT_OFFERED = re.compile(r"\bwe (?:do not|don't|does not|doesn't) (?:currently 
 
 
 def _free(value: str, clause: str) -> bool:
-    """A price that is free: "free", "$0", or "waived for X" when the clause names X too."""
-    if re.search(r"\bfree\b|\$0\b", value):
+    """A price that is free: "free" or "$0", or "waived for X"; when the value makes it
+    free only under a condition ("free over $50", "waived for Plus customers"), the clause
+    must name the condition too ("always free" is a false claim)."""
+    m = re.search(r"\b(?:free|waived)\b(.*)|\$0\b(.*)", value)
+    if not m:
+        return False
+    condition = (m.group(1) or m.group(2) or "").split(",")[0]
+    if not re.search(r"\b(?:over|above|for|with|when|if|on orders|from)\b", condition):
         return True
-    m = re.search(r"\bwaived\b(.*)", value)
-    return bool(m) and bool(topic_words(m.group(1)) & topic_words(clause))
+    return bool(topic_words(condition) & topic_words(clause) or set(figures(condition)) & set(figures(clause)))
 
 
 def _as_said(stems: list[str], text: str) -> str:
@@ -712,7 +717,13 @@ class TurnGuard:
                                    "correct it rather than say the fallback", premise.correction)
         if v.ok:
             return sentence
-        say = v.correction or self.guard.book.fallback
+        correction = v.correction
+        if correction is None:
+            # Nothing to correct the sentence from; if the caller's own claim is wrong, its
+            # correction still beats the fallback ("Express shipping takes one day, right?").
+            premise = self.guard.check("yes", self.support())
+            correction = premise.correction if not premise.ok else None
+        say = correction or self.guard.book.fallback
         if say in self.said or self.said and say == self.guard.book.fallback:
             say_now = None  # one correction or fallback a turn is enough
         else:

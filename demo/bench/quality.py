@@ -56,6 +56,9 @@ machine is noisy; speeds count only within one run):
   guard            config's prompt through the call's own turn loop (pipeline/conversation.py:
                    history, respond stage) with the fact guard on every sentence: scores what
                    the caller hears; each answer records the sentences the guard held back
+  plan             as guard, with [tools] plan: the turn's constrained plan line first (not
+                   heard), then the answer (or an act on a fresh database); side by side with
+                   guard it measures what the plan adds to a question's first sentence
 
 --guard with --rescore adds "<variant>+guard" for every saved variant: its answers as the
 fact guard would have let them through (greedy answers are deterministic, so this is what
@@ -95,6 +98,9 @@ VARIANTS: dict[str, dict | None] = {
     "tools": {},
     # The config's prompt through the call's turn loop with the fact guard (pipeline/guard.py).
     "guard": {},
+    # As "guard", with [tools] plan: each turn a constrained plan first (pipeline/plan.py), the
+    # answer after it, on a fresh database seeded with the business's slots.
+    "plan": {},
 }
 OPTIONS = ("prompt_layout", "prompt_rules", "prompt_examples", "prompt_persona")
 
@@ -265,18 +271,20 @@ def variant_prompts(variant: str, agent, data: dict, root: Path = QUESTIONS.pare
     if options is None:
         return {key: b["before"] for key, b in data["businesses"].items()}
     a = agent.model_copy(update=options)
-    if variant == "tools":
-        return {key: tools_prompt(a, load_business(key, data, root)) for key in data["businesses"]}
+    if variant in ("tools", "plan"):
+        return {key: tools_prompt(a, load_business(key, data, root), plan=variant == "plan")
+                for key in data["businesses"]}
     return {key: a.built_prompt(load_business(key, data, root)) for key in data["businesses"]}
 
 
-def tools_prompt(agent, business) -> str:
-    """The system prompt of a call on `business` with [tools] enabled."""
+def tools_prompt(agent, business, plan: bool = False) -> str:
+    """The system prompt of a call on `business` with [tools] enabled (and `plan`)."""
     from pipeline.agent import system_prompt
     from pipeline.config import Config, ToolsConfig
 
     built = agent.model_copy(update={"system_prompt": agent.built_prompt(business)})
-    return system_prompt(Config.model_construct(agent=built, business=business, tools=ToolsConfig(enabled=True)))
+    return system_prompt(Config.model_construct(agent=built, business=business,
+                                                tools=ToolsConfig(enabled=True, plan=plan)))
 
 
 # ---------------------------------------------------------------- running
@@ -437,17 +445,37 @@ def guarded_variant(entry: dict, by_id: dict[str, Question], questions: Path) ->
     return out
 
 
-def turn_answer(engine, config, business, q: Question, prompt: str):
+def turn_answer(engine, config, business, q: Question, prompt: str, plan: bool = False):
     """One question through the call's text turn loop (pipeline/conversation.py) with the
-    fact guard: the earlier exchanges of a follow-up are the history, the last line the turn."""
+    fact guard: the earlier exchanges of a follow-up are the history, the last line the turn.
+    `plan`: with [tools] plan and a ToolBox on a fresh SQLite file seeded with the slots."""
+    import tempfile
+
+    from pipeline.bookings import open_store
+    from pipeline.tools import ToolBox
+
+    if not plan:
+        return _turn_answer(engine, config, business, q, prompt, None)
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
+        store = open_store(Path(tmp) / "b.sqlite", open_slots=business.open_slots)
+        try:
+            return _turn_answer(engine, config, business, q, prompt, ToolBox(store, f"quality-{q.id}"))
+        finally:
+            store.close()
+
+
+def _turn_answer(engine, config, business, q: Question, prompt: str, box):
     import asyncio
 
     from llm.backend import SpeculativeBackend
     from pipeline.conversation import TextConversation
     from pipeline.guard import FactGuard
 
+    if box is not None:
+        config = config.model_copy(update={"business": business, "tools": config.tools.model_copy(
+            update={"enabled": True, "plan": True})})
     conv = TextConversation(config, SpeculativeBackend(engine), engine.count_tokens, guard=FactGuard(business),
-                            prompt=prompt)
+                            prompt=prompt, toolbox=box)
     msgs = q.messages
     for i in range(0, len(msgs) - 1, 2):
         conv.history.add(msgs[i]["content"], msgs[i + 1]["content"] if i + 1 < len(msgs) - 1 else "")
@@ -458,7 +486,7 @@ def turn_answer(engine, config, business, q: Question, prompt: str):
     span = (st.total_s - (st.ttft_s or 0.0)) if st is not None else 0.0
     return Answer(turn.agent, tokens, first.get("ttft") or 0.0, first.get("first_sentence_latency"),
                   (tokens - 1) / span if st is not None and span > 0 and tokens > 1 else 0.0,
-                  st.passes if st is not None else 0), turn.result.guarded
+                  st.passes if st is not None else 0), turn.result.guarded, turn.result.plan
 
 
 def show(write, variant: str, q: Question, text: str, verdict: Verdict) -> None:
@@ -530,9 +558,10 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{q.id} {v}")
             msgs = [{"role": "system", "content": prompts[v][q.business]}] + q.messages
             extra = {}
-            if v == "guard":
-                a, guarded = turn_answer(engine, turn_config, businesses[q.business], q, prompts[v][q.business])
-                extra = {"guarded": guarded}
+            if v in ("guard", "plan"):
+                a, guarded, plan = turn_answer(engine, turn_config, businesses[q.business], q, prompts[v][q.business],
+                                               plan=v == "plan")
+                extra = {"guarded": guarded, **({"plan": plan} if v == "plan" else {})}
             else:
                 a = answer(engine, engine.chat_prompt(msgs, tools=schemas[v]), params, tools=schemas[v] is not None)
             verdict = check(a.text, q.rules)
