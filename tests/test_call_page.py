@@ -203,6 +203,9 @@ async def test_call_from_the_page_in_headless_chromium(models, tmp_path):
     # The page heard the agent: audio arrived, its player output audible samples, marks came back.
     assert s["audio"]["received"] > 16000 and s["audio"]["audible"] > 8000, s["audio"]
     assert s["marksPlayed"] >= 2
+    # The page's own voice to voice (last voiced microphone frame -> first agent sample out of
+    # its player) was taken for the answer, and not for the greeting (no one had spoken yet).
+    assert len(s["pageV2V"]) == 1 and s["pageV2V"][0] > 0, s["pageV2V"]
     # What the page showed: the caller's words, the agent's answer, the turn's bars.
     words = {w.strip("?.,!").lower() for w in dom["caller"][0].split()}
     assert {"saturday", "open"} <= words, dom["caller"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "benchmarks: llm, engine, voice, pipeline, load, batch, quality, tools"
+HELP = "benchmarks: llm, engine, voice, pipeline, load, batch, quality, tools, constrained, web"
 DESCRIPTION = """\
 Benchmarks print their figures and write JSON (--out). Compare modes side by side in
 one run: this machine is shared and noisy, so ratios measured together are what count.
@@ -17,6 +17,8 @@ one run: this machine is shared and noisy, so ratios measured together are what 
   specvoice bench batch --calls 1 2 4 --threads 1 # N conversations on one engine: batched vs one pass at a time
   specvoice bench quality --out quality.json      # % correct / % false claims on fact-checked questions
   specvoice bench tools --out tools.json          # booking dialogues: right final database state, right tool calls
+  specvoice bench constrained --out c.json        # JSON tool calls / extraction: constrained with and without speculation
+  specvoice bench web --out web.json              # voice to voice: the call page in Chromium vs the Twilio bridge
 """
 
 # (name, module): each module has HELP, DESCRIPTION, add_arguments(parser), run(args).
@@ -29,6 +31,8 @@ BENCHES: list[tuple[str, str]] = [
     ("batch", "demo.bench.batch"),
     ("quality", "demo.bench.quality"),
     ("tools", "demo.bench.tools"),
+    ("constrained", "demo.bench.constrained"),
+    ("web", "demo.bench.web"),
 ]
 
 

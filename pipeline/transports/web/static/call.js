@@ -5,6 +5,7 @@
 "use strict";
 
 const RATE = 16000;
+const VOICED_RMS = 0.01;  // a microphone frame this loud is the person speaking
 // Report figures, in the order a turn's silence passes through them.
 const METRICS = [
   ["eot_delay", "end of turn"],
@@ -17,7 +18,7 @@ const METRICS = [
 
 const S = window.specvoice = {
   state: "idle", callId: null, report: null, error: null,
-  events: [], clears: 0, clearLog: [], marksPlayed: 0,
+  events: [], clears: 0, clearLog: [], marksPlayed: 0, lastVoiced: null, pageV2V: [],
   audio: {received: 0, played: 0, audible: 0, dropped: 0},
   turns: {},  // index -> {metrics, provisional, final}
 };
@@ -63,8 +64,9 @@ async function startCall() {
   ws.onclose = onClose;
   ws.onerror = () => { if (S.state === "connecting") fail("the server refused the call (busy, or not allowed)"); };
   capture.port.onmessage = (e) => {
-    if (ws && ws.readyState === WebSocket.OPEN) ws.send(e.data);
-    meter(new Int16Array(e.data));
+    if (ws && ws.readyState === WebSocket.OPEN) ws.send(e.data.pcm);
+    meter(new Int16Array(e.data.pcm));
+    if (e.data.rms > VOICED_RMS) S.lastVoiced = e.data.t;
   };
 }
 
@@ -104,6 +106,11 @@ function onPlayer(e) {
   if (m.type === "played") {
     S.marksPlayed++;
     if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({type: "played", mark: m.mark}));
+  } else if (m.type === "started") {
+    // Voice to voice as this page hears it: the last voiced microphone frame to the agent's
+    // first sample out of the player (audio clock; the sound card's own latency comes on top).
+    if (S.lastVoiced !== null) S.pageV2V.push(Math.round((m.t - S.lastVoiced) * 1000) / 1000);
+    S.lastVoiced = null;
   } else if (m.type === "progress") {
     S.audio.played = m.played;
     S.audio.audible = m.audible;

@@ -6,6 +6,7 @@ class Capture extends AudioWorkletProcessor {
     this.frame = Math.round(sampleRate * 0.02);
     this.buf = new Int16Array(this.frame);
     this.n = 0;
+    this.energy = 0;
   }
   process(inputs) {
     const input = inputs[0] && inputs[0][0];
@@ -13,10 +14,14 @@ class Capture extends AudioWorkletProcessor {
     for (let i = 0; i < input.length; i++) {
       const s = Math.max(-1, Math.min(1, input[i]));
       this.buf[this.n++] = s < 0 ? s * 32768 : s * 32767;
+      this.energy += s * s;
       if (this.n === this.frame) {
-        this.port.postMessage(this.buf.buffer, [this.buf.buffer]);
+        // `t`: the audio clock at the frame's end, for the page's own voice-to-voice figure.
+        const rms = Math.sqrt(this.energy / this.frame);
+        this.port.postMessage({pcm: this.buf.buffer, t: currentTime + (i + 1) / sampleRate, rms}, [this.buf.buffer]);
         this.buf = new Int16Array(this.frame);
         this.n = 0;
+        this.energy = 0;
       }
     }
     return true;

@@ -8,6 +8,7 @@ class Player extends AudioWorkletProcessor {
     this.played = 0;
     this.audible = 0;
     this.lastReport = 0;
+    this.idle = true;
     this.port.onmessage = (e) => {
       const m = e.data;
       if (m.type === "audio") this.queue.push({pcm: m.pcm, at: 0});
@@ -31,6 +32,11 @@ class Player extends AudioWorkletProcessor {
         continue;
       }
       if (i >= out.length) break;
+      if (this.idle) {
+        // Agent audio starts after silence: when, on the audio clock (the page's voice to voice).
+        this.idle = false;
+        this.port.postMessage({type: "started", t: currentTime + i / sampleRate});
+      }
       const n = Math.min(out.length - i, head.pcm.length - head.at);
       for (let k = 0; k < n; k++) {
         const s = head.pcm[head.at + k];
@@ -42,6 +48,7 @@ class Player extends AudioWorkletProcessor {
       this.played += n;
       if (head.at >= head.pcm.length) this.queue.shift();
     }
+    if (i < out.length) this.idle = true;  // ran dry: the next audio is a new start
     for (; i < out.length; i++) out[i] = 0;
     if (currentTime - this.lastReport >= 0.1) {
       this.lastReport = currentTime;
