@@ -24,6 +24,7 @@ the line says so and offers the slots that are open now.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,10 +126,30 @@ class Outcome:
     reason: str | None = None
 
 
-def act(plan: Plan, toolbox: Any, caller_text: str = "") -> Outcome:
+def said_by_caller(name: str, caller_lines: list[str]) -> bool:
+    """Every word of `name` is a word the caller said. The 1.5B fills a name it was not
+    given ("John Doe", "Jane Smith", the prompt's own "<the caller's name>": bench tools);
+    such a name is asked for instead of booked."""
+    said = {w.lower() for line in caller_lines for w in re.findall(r"[^\W\d_]+(?:['’-][^\W\d_]+)*", line)}
+    words = re.findall(r"[^\W\d_]+(?:['’-][^\W\d_]+)*", name)
+    return bool(words) and all(w.lower() in said for w in words)
+
+
+# A transfer the caller asked for names a person, or the act ("It's Marcus Brown." planned
+# as a transfer by the 1.5B hung up on a caller mid-booking: bench tools).
+_ASKS_FOR_A_PERSON = re.compile(
+    r"\b(?:person|human|someone|somebody|staff|manager|receptionist|dentist|doctor|operator|agent|transfer|"
+    r"put me through|talk to|speak to|speak with|talk with)\b", re.IGNORECASE)
+
+
+def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str] | None = None) -> Outcome:
     """Do what `plan` asks through the call's ToolBox (pipeline/tools.py; synchronous:
-    run it in a thread) and say what the database did. Never raises."""
+    run it in a thread) and say what the database did. Never raises. `caller_lines`: all
+    the caller said in this call (this turn's last); a name must come from them."""
     store = toolbox.store
+    lines = caller_lines if caller_lines is not None else [caller_text]
+    if plan.name and not said_by_caller(plan.name, lines):
+        plan = Plan(plan.act, plan.slot, "", plan.message)
     if plan.act in ("book", "cancel") and plan.slot == OTHER_SLOT:
         return Outcome(_not_a_slot(store, plan.act))
     if plan.act == "book":
@@ -153,6 +174,8 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "") -> Outcome:
             return Outcome("I've taken your message, and someone will call you back.", [o])
         return Outcome("Sorry, I couldn't take the message just now. Please call again later.", [o])
     if plan.act == "transfer":
+        if not _ASKS_FOR_A_PERSON.search(caller_text):
+            return Outcome("Would you like me to put you through to a person?")
         o = toolbox.run("transfer_to_human", {"reason": (caller_text or "the caller asked for a person")[:200]})
         if o.ok:
             return Outcome("Let me transfer you now.", [o], o.action, o.reason)

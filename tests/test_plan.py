@@ -80,23 +80,38 @@ def test_plan_filter_speaks_only_the_answer_however_it_is_split():
     assert f.feed("We open ") + f.feed("at 8.") + f.finish()[0] == "We open at 8."
 
 
+CALLER = "Hi, this is Ann Lee, and my friend Cy wants to leave a message."
+
+
 def test_act_books_cancels_takes_messages(store):
     box = ToolBox(store, "call-p")
-    o = act(Plan("book", SLOTS[0], "Ann Lee"), box)
+    o = act(Plan("book", SLOTS[0], "Ann Lee"), box, CALLER)
     assert o.line == f"You're booked for {SLOTS[0]}, under the name Ann Lee." and o.calls[0].ok
     assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Ann Lee")]
-    o = act(Plan("cancel", SLOTS[0], "ann lee"), box)
+    o = act(Plan("cancel", SLOTS[0], "ann lee"), box, CALLER)
     assert o.line == f"Your booking for {SLOTS[0]} is cancelled." and store.bookings(include_cancelled=False) == []
-    o = act(Plan("cancel", SLOTS[1], "Ann Lee"), box)
+    o = act(Plan("cancel", SLOTS[1], "Ann Lee"), box, CALLER)
     assert not o.calls[0].ok and o.line.startswith("I couldn't find a booking")
-    o = act(Plan("message", name="Cy", message="Call me about my filling"), box)
+    o = act(Plan("message", name="Cy", message="Call me about my filling"), box, CALLER)
     assert o.line.startswith("I've taken your message") and store.messages()[0].text == "Call me about my filling"
-    o = act(Plan("book", SLOTS[1], ""), box)  # no name yet: ask, book nothing
+    o = act(Plan("book", SLOTS[1], ""), box, CALLER)  # no name yet: ask, book nothing
     assert o.calls == [] and "name" in o.line and store.bookings(include_cancelled=False) == []
+
+
+@pytest.mark.parametrize("name", ["John Doe", "<the caller's name>", "Ann Smith"])
+def test_a_name_the_caller_never_said_is_asked_for_not_booked(store, name):
+    o = act(Plan("book", SLOTS[1], name), ToolBox(store, "c"), "The Wednesday one please.",
+            ["Hello, I need an appointment. I'm Ann.", "The Wednesday one please."])
+    assert o.calls == [] and o.line.endswith("May I have your name?") and store.bookings() == []
+    o = act(Plan("book", SLOTS[1], "Ann"), ToolBox(store, "c"), "The Wednesday one please.",
+            ["Hello, I need an appointment. I'm Ann.", "The Wednesday one please."])
+    assert o.calls[0].ok  # a name from an earlier line of the call counts
 
 
 def test_act_transfer_and_end_call(store):
     box = ToolBox(store, "call-p")
+    o = act(Plan("transfer"), box, "It's Marcus Brown.")  # nobody was asked for: ask, do not hang up
+    assert o.calls == [] and o.action is None and o.line == "Would you like me to put you through to a person?"
     o = act(Plan("transfer"), box, "I want a person")
     assert (o.action, o.line) == ("transfer", "Let me transfer you now.") and o.reason == "I want a person"
     o = act(Plan("end_call"), box)
@@ -105,7 +120,7 @@ def test_act_transfer_and_end_call(store):
 
 def test_a_slot_taken_between_plan_and_booking_is_refused_and_another_offered(store):
     ToolBox(store, "other-call").run("book_slot", {"slot": SLOTS[0], "name": "Someone Else"})
-    o = act(Plan("book", SLOTS[0], "Ann Lee"), ToolBox(store, "call-p"))
+    o = act(Plan("book", SLOTS[0], "Ann Lee"), ToolBox(store, "call-p"), CALLER)
     assert not o.calls[0].ok
     assert o.line == f"Sorry, {SLOTS[0]} was just taken. I can offer {SLOTS[1]}, or {SLOTS[2]}. Which would you like?"
     assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Someone Else")]

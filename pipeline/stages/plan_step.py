@@ -105,7 +105,8 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: Any, ca
         return  # the answer was spoken as it came (through the fact guard)
     t = time.monotonic()
     try:
-        outcome = await asyncio.to_thread(act, parse.plan, toolbox, caller_text)
+        callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+        outcome = await asyncio.to_thread(act, parse.plan, toolbox, caller_text, callers or [caller_text])
     except Exception as exc:  # act never raises by design; a turn must survive if it does
         log.exception("plan act %s failed", parse.plan.act)
         outcome = Outcome("Sorry, I couldn't do that just now. I can take a message instead.")
