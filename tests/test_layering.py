@@ -109,3 +109,17 @@ def test_importing_modules_leaves_logging_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_the_web_transport_imports_no_stage():
+    """pipeline/transports/web (the HTTP server, the page's call) reaches the call only through
+    the call itself and its ports: no stage is imported there, at any depth of the file."""
+    web = ROOT / "pipeline" / "transports" / "web"
+    hits = []
+    for path in sorted(web.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            hits += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("pipeline.stages")]
+    assert hits == []
+    assert (web / "browser.py").is_file()  # the check looks where the code is

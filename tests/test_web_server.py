@@ -219,3 +219,65 @@ async def test_calls_page_lists_the_call_and_links_its_report(tmp_path):
                 # Sent raw: httpx would resolve "/calls/.." to "/" itself.
                 assert (await raw_get(port, f"/calls/{bad}")).startswith(b"HTTP/1.1 404"), bad
             assert (await client.get(f"/calls/{name}/recording.wav")).status_code == 404
+
+
+async def test_browser_call_protocol_and_hostile_messages(tmp_path):
+    """The page's WebSocket (/call) spoken by a plain client: ready, PCM in, the agent's PCM
+    and marks out (echoed back as played), the call's events and turn figures, hang-up, the
+    report link; junk and oversized messages never take the server down."""
+    import numpy as np
+    from websockets.asyncio.client import connect
+
+    tone = (0.3 * np.sin(2 * np.pi * 300 * np.arange(16000) / 16000) * 32767).astype("<i2")
+    silence = np.zeros(320, "<i2").tobytes()
+    async with served(tmp_path) as (cfg, server, port):
+        async with connect(f"ws://127.0.0.1:{port}/call", max_size=None) as ws:
+            ready = json.loads(await ws.recv())
+            assert ready["type"] == "ready" and ready["sample_rate"] == 16000
+            for junk in ("{not json", json.dumps({"type": "played"}), json.dumps([1, 2]), json.dumps({"type": 7})):
+                await ws.send(junk)
+            for i in range(0, len(tone) // 2, 320):  # half a second of tone, 20 ms at a time
+                await ws.send(tone[i:i + 320].tobytes())
+            seen: dict[str, list] = {"audio": [], "event": [], "turn": [], "mark": []}
+
+            async def feed_silence_until(done) -> None:
+                while not done():
+                    await ws.send(silence)
+                    with contextlib.suppress(TimeoutError):
+                        raw = await asyncio.wait_for(ws.recv(), 0.02)
+                        if isinstance(raw, bytes):
+                            seen["audio"].append(len(raw))
+                            continue
+                        message = json.loads(raw)
+                        seen.setdefault(message["type"], []).append(message)
+                        if message["type"] == "mark":  # "played" at once: this client has no speaker
+                            await ws.send(json.dumps({"type": "played", "mark": message["name"]}))
+
+            await asyncio.wait_for(feed_silence_until(lambda: seen["turn"]), 30)
+            await ws.send(json.dumps({"type": "hangup"}))
+            ended = None
+            async for raw in ws:
+                if isinstance(raw, str) and json.loads(raw)["type"] == "ended":
+                    ended = json.loads(raw)
+        kinds = [e["kind"] for e in seen["event"]]
+        assert "transcript" in kinds and "sentence" in kinds and "heard" in kinds, kinds
+        assert sum(seen["audio"]) > 0 and all(n % 2 == 0 for n in seen["audio"])
+        entry = seen["turn"][0]["entry"]
+        assert entry["user_text"] == "What are your hours?" and "voice_to_voice" in entry["metrics"]
+        assert ended is not None and ended["report"].startswith("/calls/")
+        name = ended["report"].removeprefix("/calls/")
+        assert (tmp_path / "reports" / f"{name}.json").is_file()
+        assert (tmp_path / "reports" / f"{name}.wav").is_file()
+        # An audio message over a second long ends that call as a protocol error; the server goes on.
+        async with connect(f"ws://127.0.0.1:{port}/call", max_size=None) as ws:
+            await ws.recv()
+            await ws.send(b"\x00" * (16000 * 2 + 2))
+            with contextlib.suppress(Exception):
+                async for _ in ws:
+                    pass
+            assert ws.close_code == 1008
+        await wait_for(lambda: server.active_calls == 0, 10, "both calls to end")
+        reasons = sorted(json.loads(p.read_text())["end_reason"] for p in (tmp_path / "reports").glob("*.json"))
+        assert reasons == ["caller_hangup", "protocol_error"], reasons
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"http://127.0.0.1:{port}/health")).json()["calls_active"] == 0

@@ -206,6 +206,8 @@ async def serve_browser(sock: AsgiSocket, bridge: "Bridge") -> None:
         if call.report_url:
             with contextlib.suppress(Exception):
                 await call.send_json({"type": "ended", "report": call.report_url})
+        if call.end_reason == "protocol_error":
+            await sock.close(1008, "protocol error")
         await sock.close(1000, "call ended")
         log.info("browser call %s ended: %d audio messages in, %d frames out", call.call_id, call.frames_in,
                  call.output.stats.frames)
