@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gap", type=float, default=20.0,
                         help="seconds between the page's lines: long enough for an answer (default: %(default)s)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--screenshot", type=Path, help="save a PNG of the page once every line was answered")
 
 
 def _median(values: list[float]) -> float | None:
@@ -87,7 +88,7 @@ async def _bench(config, args) -> dict:
                                        expect_greeting=False).run()
         twilio_call = server.on_call.calls[-1]
         print("call page in Chromium...", file=sys.stderr, flush=True)
-        page_v2v, browser_call = await _page_call(models, script, port, args.gap, reports, server)
+        page_v2v, browser_call = await _page_call(models, script, port, args.gap, reports, server, args.screenshot)
     finally:
         await server.stop()
 
@@ -107,7 +108,7 @@ async def _bench(config, args) -> dict:
             "stt": config.stt.model, "twilio": twilio, "page": page}
 
 
-async def _page_call(models, script, port: int, gap_s: float, folder: Path, server):
+async def _page_call(models, script, port: int, gap_s: float, folder: Path, server, screenshot: Path | None):
     import numpy as np
 
     from demo.bench.chromium import chromium, open_page
@@ -129,6 +130,12 @@ async def _page_call(models, script, port: int, gap_s: float, folder: Path, serv
         await page.until(f"document.querySelectorAll('#turns .turn[data-final=\"1\"]').length >= {n}",
                          timeout_s=60 + n * (gap_s + 60))
         v2v = await page.evaluate("JSON.stringify(window.specvoice.pageV2V)")
+        if screenshot is not None:
+            import base64
+
+            shot = await page.call("Page.captureScreenshot", format="png")
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            screenshot.write_bytes(base64.b64decode(shot["data"]))
         await page.click("#hangup")
         await page.until("window.specvoice.state === 'ended'")
     browser_call = server.on_browser_call.calls[-1]

@@ -16,7 +16,6 @@ Twilio's paths check Twilio's signature (or the bearer token); people's paths
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -148,7 +147,3 @@ async def browser_call(ws: WebSocket) -> None:
         await serve_browser(sock, bridge)
     finally:
         bridge.release(sock)
-
-
-def json_dumps(value) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)

@@ -61,7 +61,22 @@ async def form_params(request: Request) -> dict[str, list[str]] | None:
     return params
 
 
-def _refused(bridge: "Bridge", what: str, status: int, peer: str) -> Response:
+async def _checked(request: Request, bridge: "Bridge") -> tuple[dict[str, list[str]], int]:
+    """The form's parameters and 0 when the request may be answered, else the status to
+    refuse with: 401/403 (credentials) before 415 (a body that is not a form), so a caller
+    without credentials learns nothing about what the endpoint accepts."""
+    params = await form_params(request)
+    status = bridge.access.twilio(request.headers, path_with_query(request), params or {})
+    if status:
+        return {}, status
+    return (params, 0) if params is not None else ({}, 415)
+
+
+def _not_a_form() -> Response:
+    return PlainTextResponse("expected a form POST (application/x-www-form-urlencoded)\n", 415)
+
+
+def _refused(what: str, status: int, peer: str) -> Response:
     log.warning("%s refused (%d) from %s", what, status, peer)
     return PlainTextResponse("unauthorized\n" if status == 401 else "forbidden\n", status)
 
@@ -73,12 +88,9 @@ async def voice(request: Request) -> Response:
         bridge.metrics.refused("draining")
         log.warning("%s refused (503: draining) from %s", VOICE_PATH, peer)
         return PlainTextResponse("shutting down, try another server\n", 503, headers={"Retry-After": "5"})
-    params = await form_params(request)
-    if params is None:
-        return PlainTextResponse("expected a form POST (application/x-www-form-urlencoded)\n", 415)
-    status = bridge.access.twilio(request.headers, path_with_query(request), params)
+    params, status = await _checked(request, bridge)
     if status:
-        return _refused(bridge, "voice webhook", status, peer)
+        return _refused("voice webhook", status, peer) if status != 415 else _not_a_form()
     host = request.headers.get("host", "")
     if not bridge.config.public_url and not valid_host(host):
         return PlainTextResponse("bad Host header\n", 400)
@@ -92,12 +104,9 @@ async def voice(request: Request) -> Response:
 
 async def stream_ended(request: Request) -> Response:
     bridge: Bridge = request.app.state.bridge
-    params = await form_params(request)
-    if params is None:
-        return PlainTextResponse("expected a form POST (application/x-www-form-urlencoded)\n", 415)
-    status = bridge.access.twilio(request.headers, path_with_query(request), params)
+    params, status = await _checked(request, bridge)
     if status:
-        return _refused(bridge, "stream-ended request", status, _peer(request))
+        return _refused("stream-ended request", status, _peer(request)) if status != 415 else _not_a_form()
     call_sid = (params.get("CallSid") or [request.query_params.get("CallSid", "")])[-1]
     action = bridge.agent_action(call_sid)
     if action == "transfer":
