@@ -289,3 +289,14 @@ def test_transcribe_command_takes_the_engine(capsys):
     path, _ref = speech_clips()[3]  # "has never been surpassed."
     assert main(["transcribe", str(path), "--engine", "moonshine", "--phone"]) == 0
     assert "surpassed" in capsys.readouterr().out.lower()
+
+
+def test_default_config_uses_moonshine_with_the_business_vocabulary():
+    """The default chosen by `specvoice bench voice --engines` (README "Choosing the STT")."""
+    from pipeline.config import load_config
+    from pipeline.models import CATALOG
+
+    stt = load_config().stt
+    assert stt.engine == "moonshine" and CATALOG[stt.model_for_engine].kind == "stt"
+    assert CATALOG[stt.model_for_engine].convert_moonshine and "Aetna" in stt.vocabulary
+    assert not stt.streaming  # streaming needs Whisper's word timestamps
