@@ -12,8 +12,9 @@ repetition loops. Moonshine takes no prompt: the business's words are put right 
 decoding by `voice.vocabulary.VocabularyMatcher` (when a vocabulary is given).
 
 onnxruntime's worker threads spin while they wait for work by default; on two shared
-cores that spinning takes the CPU from the LLM and the other STT (2 spinning threads: 472
-ms a turn under contention, 1 thread 175 ms), so spinning is off.
+cores that spinning takes the CPU from the LLM and the other STT (issue 26: 2 spinning
+threads 472 ms a turn under contention, 1 thread 175 ms), so spinning is off. Without it,
+1 and 2 threads cost the same here under load (73 and 75 ms per audio second, p50).
 """
 
 from __future__ import annotations

@@ -225,8 +225,8 @@ def split_merged_decoder(model: "onnx.ModelProto") -> tuple["onnx.ModelProto", "
 
     Each branch becomes a model of its own: the outer values it reads become initializers
     (the folded weights) or inputs (ids, encoder states, past keys/values); its outputs get
-    the merged model's output names. A with-past branch passes the encoder's keys/values
-    through unchanged, so the outputs it merely copies are left out (the caller keeps them).
+    the merged model's output names. An output that is one of the branch's own inputs,
+    passed straight through, is left out (the caller has it).
     """
     import onnx
 
@@ -254,8 +254,9 @@ def split_merged_decoder(model: "onnx.ModelProto") -> tuple["onnx.ModelProto", "
         g_inputs = [inputs[i.name] for i in graph.input if i.name in outer]
         nodes = list(branch.node)
         outputs = []
+        input_names = {i.name for i in g_inputs}
         for info, out in zip(out_infos, branch.output):
-            if out.name in g_inputs_names(g_inputs):  # passed straight through: the caller has it
+            if out.name in input_names:  # passed straight through: the caller has it
                 continue
             if out.name != info.name:
                 nodes.append(onnx.helper.make_node("Identity", [out.name], [info.name]))
@@ -266,10 +267,6 @@ def split_merged_decoder(model: "onnx.ModelProto") -> tuple["onnx.ModelProto", "
         return m
 
     return build(branches["else_branch"], "decoder_first"), build(branches["then_branch"], "decoder_with_past")
-
-
-def g_inputs_names(infos) -> set[str]:
-    return {i.name for i in infos}
 
 
 # ---------------------------------------------------------------- whole conversion
