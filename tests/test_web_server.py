@@ -281,3 +281,25 @@ async def test_browser_call_protocol_and_hostile_messages(tmp_path):
         assert reasons == ["caller_hangup", "protocol_error"], reasons
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"http://127.0.0.1:{port}/health")).json()["calls_active"] == 0
+
+
+def test_recording_places_each_side_by_its_clock():
+    """Both sides on one clock: a piece goes where its time says, a piece that would overlap
+    the one before on its track (clock jitter) follows it instead, and the file starts at
+    the report's t0, so a timeline time is a place in the recording."""
+    import numpy as np
+
+    from pipeline.transports.web.recording import CallRecording
+
+    rec = CallRecording(16000, t0=100.0)
+    rec.caller(np.full(320, 1000, np.int16), 100.0)
+    rec.caller(np.full(320, 2000, np.int16), 100.015)  # 5 ms early: follows the first piece
+    rec.caller(np.full(320, 3000, np.int16), 101.0)  # after a gap: where its time says
+    rec.agent(np.full(320, 4000, np.int16), 100.5)
+    out = rec.stereo()
+    assert out.shape == (16000 + 320, 2)
+    assert (out[:320, 0] == 1000).all() and (out[320:640, 0] == 2000).all() and (out[640:16000, 0] == 0).all()
+    assert (out[16000:, 0] == 3000).all()
+    assert (out[8000:8320, 1] == 4000).all() and np.count_nonzero(out[:, 1]) == 320
+    # From the report's t0, 0.5 s later: everything moves 8000 samples earlier.
+    assert (rec.stereo(start_t=100.5)[:320, 1] == 4000).all()

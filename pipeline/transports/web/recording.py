@@ -15,15 +15,18 @@ import numpy as np
 
 __all__ = ["CallRecording"]
 
-MAX_SECONDS = 2 * 3600  # a call left open for hours still writes a bounded file
+MAX_SECONDS = 2 * 3600  # a call left open for hours still holds and writes a bounded recording
 
 
 class _Track:
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.pieces: list[tuple[int, np.ndarray]] = []
         self.end = 0  # first free sample
+        self.limit = limit  # samples: nothing is kept past it
 
     def add(self, at: int, pcm: np.ndarray) -> None:
+        if at >= self.limit:
+            return
         if 0 < self.end - at <= len(pcm):  # jitter: follow the piece before instead of overlapping it
             at = self.end
         self.pieces.append((at, pcm.copy()))
@@ -34,7 +37,7 @@ class CallRecording:
     def __init__(self, sample_rate: int, t0: float):
         self.sample_rate = sample_rate
         self.t0 = t0
-        self._caller, self._agent = _Track(), _Track()
+        self._caller, self._agent = _Track(MAX_SECONDS * sample_rate), _Track(MAX_SECONDS * sample_rate)
 
     def _at(self, t: float) -> int:
         return max(0, int(round((t - self.t0) * self.sample_rate)))
