@@ -146,6 +146,26 @@ def _threads(config: Config, threads: int | None) -> tuple[int, int, int]:
     return config.llm.threads or cores, min(4, cores), 1
 
 
+def load_stt(config: Config, threads: int):
+    """The STT engine [stt] names: Moonshine, or faster-whisper (with its window)."""
+    from pipeline.models import resolve_model
+    from voice.stt import WhisperPrompt, WhisperSTT
+
+    if config.stt.engine == "moonshine":
+        from voice.moonshine import MoonshineSTT
+
+        # No prompt: the business's words are matched onto the transcript.
+        return MoonshineSTT(resolve_model(config.stt.model_for_engine, kind="stt"), cpu_threads=threads,
+                            vocabulary=config.stt.vocabulary)
+    # The business's words as Whisper's prompt (stt.vocabulary; empty: no prompt).
+    prompt = WhisperPrompt.from_vocabulary(config.stt.vocabulary, config.stt.vocabulary_mode)
+    return WhisperSTT(resolve_model(config.stt.model), device=config.stt.device,
+                      compute_type=config.stt.compute_type, beam_size=config.stt.beam_size,
+                      language=config.stt.language, cpu_threads=threads,
+                      initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords,
+                      workers=config.stt.workers, window=config.stt.window)
+
+
 @dataclass
 class AgentModels:
     config: Config
@@ -162,7 +182,6 @@ class AgentModels:
         """Load everything the config names. Raises ModelNotFoundError (with the pull
         command) for a model that is not on disk."""
         from pipeline.models import resolve_model
-        from voice.stt import WhisperPrompt, WhisperSTT
         from voice.tts import load_tts
         from voice.vad import SileroModel
 
@@ -178,20 +197,7 @@ class AgentModels:
             engine = load_engine(config.llm)
             times["llm"] = time.perf_counter() - t
         t = time.perf_counter()
-        if config.stt.engine == "moonshine":
-            from voice.moonshine import MoonshineSTT
-
-            # No prompt: the business's words are matched onto the transcript.
-            stt = MoonshineSTT(resolve_model(config.stt.model_for_engine, kind="stt"), cpu_threads=stt_threads,
-                               vocabulary=config.stt.vocabulary)
-        else:
-            # The business's words as Whisper's prompt (stt.vocabulary; empty: no prompt).
-            prompt = WhisperPrompt.from_vocabulary(config.stt.vocabulary, config.stt.vocabulary_mode)
-            stt = WhisperSTT(resolve_model(config.stt.model), device=config.stt.device,
-                             compute_type=config.stt.compute_type, beam_size=config.stt.beam_size,
-                             language=config.stt.language, cpu_threads=stt_threads,
-                             initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords,
-                             workers=config.stt.workers, window=config.stt.window)
+        stt = load_stt(config, stt_threads)
         times["stt"] = time.perf_counter() - t
         t = time.perf_counter()
         if config.tts.engine == "piper":

@@ -28,8 +28,13 @@ def config():
 def test_mode_config_sets_turn_and_streaming_stt(config, mode, turn_mode, preemptive, streaming):
     cfg = bench._mode_config(config, mode)
     assert (cfg.turn.mode, cfg.turn.preemptive, cfg.stt.streaming) == (turn_mode, preemptive, streaming)
-    # The rest of the config is untouched (same STT model, same LLM).
-    assert cfg.stt.model == config.stt.model and cfg.llm == config.llm
+    # The rest of the config is untouched (same STT model, same LLM), except that
+    # streaming needs Whisper's word timestamps.
+    if streaming and config.stt.engine != "whisper":
+        assert (cfg.stt.engine, cfg.stt.model) == ("whisper", "whisper-base")
+    else:
+        assert (cfg.stt.engine, cfg.stt.model) == (config.stt.engine, config.stt.model)
+    assert cfg.llm == config.llm
     assert cfg.turn.max_silence_ms == config.turn.max_silence_ms
 
 

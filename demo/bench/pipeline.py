@@ -176,10 +176,17 @@ def parse_turn_modes(text: str | None) -> tuple[list[str], list[str]]:
 
 
 def _mode_config(config, mode: str):
-    """`config` with the turn ending (turn.mode, turn.preemptive) and stt.streaming of `mode`."""
+    """`config` with the turn ending (turn.mode, turn.preemptive) and stt.streaming of `mode`.
+
+    Streaming STT needs word timestamps, which only Whisper gives: a streaming mode on a
+    config whose engine is Moonshine (the default) runs with whisper-base instead, and
+    says so (`stt_engine` in the JSON's mode settings)."""
     turn, streaming = MODE_SETTINGS[MODE_ALIASES.get(mode, mode)]
+    stt = {"streaming": streaming}
+    if streaming and config.stt.engine != "whisper":
+        stt.update(engine="whisper", model="whisper-base")
     return config.model_copy(update={"turn": config.turn.model_copy(update=turn),
-                                     "stt": config.stt.model_copy(update={"streaming": streaming})})
+                                     "stt": config.stt.model_copy(update=stt)})
 
 
 def default_lines(turns: int = len(QUESTIONS), paused: int = len(PAUSED), trailing: int = len(TRAILING),
@@ -306,6 +313,7 @@ def _insert_pause(pcm, rate: int, at: float, pause_s: float):
 
 def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
     import asyncio
+    import dataclasses
 
     import numpy as np
 
@@ -349,10 +357,21 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
         end_of_turn = load_end_of_turn(_mode_config(config, "smart_turn"))
     runs = {}
 
+    other_stt: dict[str, object] = {}  # a streaming mode's Whisper, when the config's engine is Moonshine
+
     async def main() -> None:
         for mode in modes:
-            print(f"call with turn mode {mode}:", file=sys.stderr, flush=True)
-            runs[mode] = await _play_lines(_mode_config(config, mode), models, end_of_turn, wavs, work, mode)
+            cfg = _mode_config(config, mode)
+            mode_models = models
+            if cfg.stt.engine != config.stt.engine and getattr(models, "stt", None) is not None:
+                if cfg.stt.engine not in other_stt:
+                    from pipeline.agent import _threads, load_stt
+
+                    other_stt[cfg.stt.engine] = load_stt(cfg, _threads(cfg, None)[1])  # as AgentModels.load
+                mode_models = dataclasses.replace(models, stt=other_stt[cfg.stt.engine])
+            print(f"call with turn mode {mode} (STT: {cfg.stt.engine} {cfg.stt.model_for_engine}):", file=sys.stderr,
+                  flush=True)
+            runs[mode] = await _play_lines(cfg, mode_models, end_of_turn, wavs, work, mode)
 
     asyncio.run(main())
     summaries = {mode: _mode_summary(rep, len(wavs)) for mode, rep in runs.items()}
@@ -368,7 +387,9 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
     if args.out:
         result = {"bench": "pipeline-turn-modes", "machine": platform.platform(), "config": args.config or "default",
                   "wavs": [str(w) for w in wavs], "pause_ms": args.pause_ms, "lines": lines,
-                  "mode_settings": {mode: {"turn": MODE_SETTINGS[mode][0], "stt_streaming": MODE_SETTINGS[mode][1]}
+                  "mode_settings": {mode: {"turn": MODE_SETTINGS[mode][0], "stt_streaming": MODE_SETTINGS[mode][1],
+                                           "stt_engine": _mode_config(config, mode).stt.engine,
+                                           "stt_model": _mode_config(config, mode).stt.model_for_engine}
                                     for mode in summaries},
                   "modes": summaries,
                   "per_turn": {mode: [{"user_text": t["user_text"], "agent_text": t["agent_text"],
