@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PlanFilter", "plan_turn"]
 
+# Said when the plan could not be made (the model or the grammar failed mid-line).
+PLAN_FAILED = "Sorry, could you say that again?"
 _ACT = re.compile(r'\s*\{\s*"act"\s*:\s*"(\w+)"')
 
 
@@ -91,6 +93,16 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: Any, ca
     answer.params = dataclasses.replace(params, constraint=Constraint.grammar(grammar))
     try:
         await answer.round(messages, filt)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        # The model or its constraint failed mid-plan: nothing we could act on was decided.
+        # Ask again rather than leave the caller with the hold line alone.
+        log.exception("plan round failed")
+        result.error, result.finish_reason = f"plan: {type(exc).__name__}: {str(exc)[:300]}", "error"
+        result.plan = {"act": None, "error": result.error, "line": filt.text.partition("\n")[0][:400]}
+        answer.line(PLAN_FAILED)
+        return
     finally:
         answer.params = params
     parse = parse_plan(filt.text)
@@ -100,6 +112,9 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: Any, ca
                    "open_slots": len(open_slots), "error": parse.error, "line": filt.text.partition("\n")[0][:400],
                    "plan_ms": round((time.monotonic() - start) * 1000, 1)}
     if answer.barge_in.fired or result.finish_reason in ("cancelled", "error"):
+        return
+    if parse.plan is None and filt.act not in (None, "answer"):
+        answer.line(PLAN_FAILED)  # an action's line left unfinished (the token budget ran out)
         return
     if parse.plan is None or parse.plan.act == "answer":
         return  # the answer was spoken as it came (through the fact guard)
