@@ -222,6 +222,10 @@ class BridgeConfig(Section):
 
 class ReportConfig(Section):
     dir: str = "reports"
+    # Which calls `specvoice serve` records as a stereo WAV beside their report (caller left,
+    # agent right; the report page plays it): "browser" (calls from the call page, which says
+    # so), "all" (phone calls too: tell your callers, recording laws apply), "none".
+    record: Literal["none", "browser", "all"] = "browser"
 
 
 class MQTTConfig(Section):

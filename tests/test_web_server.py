@@ -289,7 +289,7 @@ def test_recording_places_each_side_by_its_clock():
     the report's t0, so a timeline time is a place in the recording."""
     import numpy as np
 
-    from pipeline.transports.web.recording import CallRecording
+    from pipeline.transports.recording import CallRecording
 
     rec = CallRecording(16000, t0=100.0)
     rec.caller(np.full(320, 1000, np.int16), 100.0)
@@ -303,3 +303,40 @@ def test_recording_places_each_side_by_its_clock():
     assert (out[8000:8320, 1] == 4000).all() and np.count_nonzero(out[:, 1]) == 320
     # From the report's t0, 0.5 s later: everything moves 8000 samples earlier.
     assert (rec.stereo(start_t=100.5)[:320, 1] == 4000).all()
+
+
+async def test_phone_calls_are_recorded_only_when_the_config_says_all(tmp_path):
+    """[report] record: "browser" (the default) records the page's calls, not phone calls;
+    "all" records phone calls too, beside their reports, and the report page plays them."""
+    for record, expected in (("browser", False), ("all", True)):
+        folder = tmp_path / record
+        cfg = rel_config(folder)
+        cfg = cfg.model_copy(update={"report": cfg.report.model_copy(update={"record": record})})
+        from demo.report_html import render_html
+
+        server = agent_server(cfg, BridgeTokens.of(bearer_token=TOKEN), models=FakeModels(),
+                              render_report=render_html, greeting=False, preload=False)
+        port = await server.start()
+        try:
+            c = await RawCaller(port).open()
+            await c.say()
+            assert await c.wait_reply()
+            await c.stop()
+            await c.wait_closed()
+            await report_of(cfg, c.call_sid)
+            await wait_for(lambda: server.active_calls == 0, 10, "the call to end")
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                name = (await client.get("/calls", headers={"Accept": "application/json"})).json()["calls"][0]["name"]
+                page = (await client.get(f"/calls/{name}")).text
+        finally:
+            await asyncio.wait_for(server.stop(), 20)
+        wav = folder / "reports" / f"{name}.wav"
+        assert wav.is_file() is expected and ("<audio" in page) is expected, record
+        if expected:
+            import numpy as np
+
+            from voice.wav import read_wav
+
+            stereo, rate = read_wav(wav, sample_rate=None, mono=False)
+            assert rate == 8000 and stereo.shape[1] == 2
+            assert np.abs(stereo[:, 0]).max() > 0.05 and np.abs(stereo[:, 1]).max() > 0.05  # the tone, both ways

@@ -90,6 +90,17 @@ class TelephonySource:
                 yield KeyPress(event.digit, time.monotonic())
 
 
+def _write_recording(call: TelephonyCall, pipeline_call: Any) -> None:
+    """Both sides of the call beside its report, when the server records phone calls."""
+    recording = call.recording
+    if recording is None or pipeline_call.report_path is None or pipeline_call.report is None:
+        return
+    try:
+        recording.write(pipeline_call.report_path.with_suffix(".wav"), pipeline_call.report.t0)
+    except OSError:
+        log.exception("call %s: cannot write the recording", pipeline_call.call_id)
+
+
 class NoTransferLine:
     """A call's tools when the bridge has no number to transfer to: a valid
     transfer_to_human comes back failed, with a sentence for the model, and no action."""
@@ -172,6 +183,7 @@ def make_call_handler(
             if pipeline_call.ended_by is not None:
                 call.agent_action = pipeline_call.ended_by[0]  # the bridge acts on it when the stream ends
         finally:
+            _write_recording(call, pipeline_call)
             # (The call's run closed its backend: its KV cache is freed even though the
             # last KEEP_CALLS Calls stay listed.)
             if on_call_end is not None:

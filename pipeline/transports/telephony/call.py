@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -16,6 +17,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from pipeline.playout import Playout
+from pipeline.transports.recording import CallRecording
 from pipeline.transports.telephony.protocol import (
     SAMPLE_RATE,
     InboundEvent,
@@ -57,7 +59,10 @@ class TwilioWriter:
         self.call = call
 
     async def write_frame(self, pcm: np.ndarray) -> None:
-        await self.call.send_media_now(mulaw.encode_bytes(to_int16(pcm)))
+        pcm16 = to_int16(pcm)
+        if self.call.recording is not None:
+            self.call.recording.agent(pcm16, time.monotonic())
+        await self.call.send_media_now(mulaw.encode_bytes(pcm16))
 
     async def write_mark(self, name: str) -> None:
         await self.call.send_mark_now(name)
@@ -82,6 +87,7 @@ class TelephonyCall:
         *,
         send_ahead_s: float = 0.04,
         inbound_max: int = 3000,
+        record: bool = False,
     ):
         self.start = start
         self.stream_sid = start.stream_sid
@@ -100,6 +106,8 @@ class TelephonyCall:
         # Set by the handler when a tool ended the call ("transfer", "end_call"): what the
         # bridge tells Twilio to do once the stream is closed.
         self.agent_action: str | None = None
+        # Both sides on one clock, when the server records phone calls ([report] record = "all").
+        self.recording: CallRecording | None = CallRecording(SAMPLE_RATE, time.monotonic()) if record else None
 
     # ------------------------------------------------------------ inbound
 
@@ -117,6 +125,9 @@ class TelephonyCall:
     def deliver(self, event: InboundEvent) -> None:
         if isinstance(event, Media):
             self.stats.media_received += 1
+            if self.recording is not None and event.payload:
+                pcm16 = mulaw.decode(event.payload)
+                self.recording.caller(pcm16, time.monotonic() - len(pcm16) / SAMPLE_RATE)
         elif isinstance(event, Mark):
             self.played_marks.append(event.name)
             self.stats.marks_echoed += 1

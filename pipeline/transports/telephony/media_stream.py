@@ -76,6 +76,7 @@ class StreamSettings:
     idle_timeout_s: float
     send_ahead_s: float
     end_grace_s: float
+    record: bool = False  # keep both sides of each call (TelephonyCall.recording)
 
 
 async def serve_stream(sock: StreamSocket, settings: StreamSettings, on_call: OnCall, host: StreamHost) -> None:
@@ -133,7 +134,8 @@ async def _receive(sock: StreamSocket, settings: StreamSettings, on_call: OnCall
             continue
         if call is None:
             if isinstance(event, Start):
-                call = state.call = TelephonyCall(event, sock.send, send_ahead_s=settings.send_ahead_s)
+                call = state.call = TelephonyCall(event, sock.send, send_ahead_s=settings.send_ahead_s,
+                                                  record=settings.record)
                 host.call_started(call)
                 log.info("call %s started (callSid %s) from %s", event.stream_sid, event.call_sid, peer)
                 state.task = asyncio.create_task(_run_call(call, sock, on_call, host),

@@ -32,6 +32,7 @@ def make_browser_handler(
     greeting: bool | str = True,
     on_turn: Callable[[str, dict], None] | None = None,
     on_call_end: Callable[[Any], None] | None = None,
+    record: bool = True,
 ):
     """`async def on_browser_call(call: BrowserCall)`: one pipeline Call per page call, on the
     models the phone calls use (`get_models`: the telephony handler's)."""
@@ -63,7 +64,8 @@ def make_browser_handler(
         finally:
             report_path = pipeline_call.report_path
             if report_path is not None and pipeline_call.report is not None:
-                call.write_recording(report_path.with_suffix(".wav"), pipeline_call.report.t0)
+                if record:
+                    call.write_recording(report_path.with_suffix(".wav"), pipeline_call.report.t0)
                 call.report_url = f"/calls/{report_path.stem}"
             if on_call_end is not None:
                 on_call_end(pipeline_call)

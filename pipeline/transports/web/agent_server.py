@@ -48,9 +48,10 @@ def agent_server(
     on_call = make_call_handler(config, models, report_dir=report_dir, greeting=greeting,
                                 on_turn=observer("twilio"), preload=preload)
     on_browser_call = make_browser_handler(config, on_call.get_models, greeting=greeting,
-                                           on_turn=observer("browser"))
+                                           on_turn=observer("browser"), record=config.report.record != "none")
     bridge = Bridge(bridge_config if bridge_config is not None else config.bridge, on_call, tokens,
                     insecure=insecure, on_browser_call=on_browser_call,
-                    site=Site(report_dir, render_report=render_report), **bridge_kw)
+                    site=Site(report_dir, render_report=render_report),
+                    record_phone_calls=config.report.record == "all", **bridge_kw)
     server.append(bridge)
     return bridge

@@ -36,7 +36,7 @@ import numpy as np
 from pipeline.playout import Playout
 from pipeline.ports import AudioFrame
 from pipeline.transports.telephony.media_stream import StreamClosed
-from pipeline.transports.web.recording import CallRecording
+from pipeline.transports.recording import CallRecording
 from pipeline.transports.web.sockets import AsgiSocket
 
 if TYPE_CHECKING:

@@ -90,6 +90,7 @@ class Bridge:
         send_ahead_s: float | None = None,
         on_browser_call: Callable[..., Awaitable[None]] | None = None,
         site: Site | None = None,
+        record_phone_calls: bool = False,
     ):
         self.config = config
         self.tokens = tokens or BridgeTokens()
@@ -104,6 +105,7 @@ class Bridge:
             idle_timeout_s=config.idle_timeout_s,
             send_ahead_s=_pick(send_ahead_s, config, "send_ahead_s", 0.04),
             end_grace_s=_pick(end_grace_s, config, "end_grace_s", 5.0),
+            record=record_phone_calls,
         )
         self.transfer_to: str = getattr(config, "transfer_to", "") or ""
         self.metrics = ServerMetrics(lambda: self.active_calls)
