@@ -68,8 +68,14 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
     (llm.drafters.DraftStep), so the engine thread can batch them across conversations.
     Under a constraint (`guide`) a free offer is cut before its first token the
     constraint rejects, so it is weighed for what can be verified; a draft model drafts
-    from its masked distribution."""
-    offers: list[tuple[float, Proposal | None, Drafter | None, int]] = []
+    from its masked distribution. A draft model that fell behind the context is charged
+    its catch-up (`catch_up_s`) in the pass it would draft in.
+
+    What was chosen, and what the controller expected of it, is left in
+    `controller.last_choice` for the pass's record (GenerationStats.trace)."""
+    controller.last_choice = {"source": "none", "g": 0, "expected_rate": controller.plain_rate(),
+                              "plain_rate": controller.plain_rate(), "extra_s": 0.0}
+    offers: list[tuple[float, Proposal | None, Drafter | None, int, float]] = []
     for d in drafters:
         if d.name in FREE_DRAFTERS:
             offer = d.propose(context, limit, params)
@@ -78,16 +84,20 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
             if offer.tokens:
                 g = controller.choose(offer.source, len(offer.tokens))
                 if g > 0:
-                    offers.append((controller.rate(offer.source, g), Proposal(offer.tokens[:g], None, offer.source, offer.cost_s), None, g))
+                    offers.append((controller.rate(offer.source, g), Proposal(offer.tokens[:g], None, offer.source, offer.cost_s), None, g, 0.0))
         else:
-            g = controller.choose(d.name, limit)
+            behind = getattr(d, "behind", None)
+            extra = controller.catch_up_s(d.name, behind(context) - 1) if behind is not None else 0.0
+            g = controller.choose(d.name, limit, extra)
             if g > 0:
-                offers.append((controller.rate(d.name, g), None, d, g))
+                offers.append((controller.rate(d.name, g, extra), None, d, g, extra))
     if not offers:
         return Proposal([], None, "none", 0.0)
     if controller.fixed is None:
         offers.sort(key=lambda o: o[0], reverse=True)
-    _, proposal, drafter, g = offers[0]
+    rate, proposal, drafter, g, extra = offers[0]
+    controller.last_choice.update(source=proposal.source if proposal is not None else drafter.name, g=g,
+                                  expected_rate=rate, extra_s=extra)
     if proposal is not None:
         return proposal
     steps = getattr(drafter, "propose_steps", None)
@@ -221,6 +231,7 @@ def speculative_stream(
         remaining = params.max_new_tokens - len(produced)
         room = gen.max_context - len(context)
         limit = max(0, min(controller.max_gamma, remaining - 1, room - 1))
+        controller.horizon = float(min(remaining, room, 48))
         box: dict = {}
 
         # Called by the runner before it returns, within this iteration (defaults bind the values).
@@ -256,6 +267,7 @@ def speculative_stream(
         verdict, info = runner.run(prepare, finish, hint)
         proposal = box["proposal"]
         drafts = proposal.tokens
+        choice = controller.last_choice if drafts else {"source": "none", "g": 0}
         # What this conversation brings to a pass, for the others' gamma until it prepares its next.
         hint = Load(rows=len(drafts) + 1, tokens=controller.expected(proposal.source, len(drafts)), draft_s=box["draft_s"])
         # Roll back: keep pending + accepted drafts; the rest of the cache is stale.
@@ -272,6 +284,21 @@ def speculative_stream(
         # The pass's cost is a function of all its rows (other conversations' too).
         controller.observe_verify(info.rows, info.seconds)
         controller.observe_draft(proposal.source, len(drafts), len(kept), proposal.cost_s)
+        for d in drafters:  # a draft model that caught up this pass: what a row of that cost
+            if getattr(d, "last_catch_up", None):
+                controller.observe_catch_up(d.name, *d.last_catch_up)
+                d.last_catch_up = None
+        if info.conversations == 1:  # alone in its pass: the wall time is all its own
+            controller.observe_pass(proposal.source, len(drafts), len(kept) + 1, box["draft_s"] + info.seconds)
+        stats.trace.append({
+            "g": len(drafts), "source": proposal.source if drafts else "none", "accepted": len(kept),
+            "draft_s": round(box["draft_s"], 5), "verify_s": round(info.seconds, 5), "rows": info.rows,
+            "expected_rate": round(choice.get("expected_rate", 0.0), 3) if drafts else None,
+            "plain_rate": round(1.0 / controller.verify.cost(1), 3),
+            "estimated_verify_s": round(controller.verify.cost(info.rows), 5),
+            "acceptance_estimate": round(controller.stats(proposal.source).estimate, 3) if drafts else None,
+            "catch_up_s": round(choice.get("extra_s", 0.0), 5) if drafts else 0.0,
+        })
         for d in drafters:
             d.accepted(len(kept))
         pending = verdict.next_token

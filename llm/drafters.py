@@ -61,12 +61,13 @@ class DraftStep:
 DraftSteps = Generator[DraftStep, tuple[torch.Tensor, float], Proposal]
 
 
-def run_draft_steps(steps: DraftSteps) -> Proposal:
-    """Run a proposal's steps here, one forward each (no other conversation to batch with)."""
+def run_draft_steps(steps: DraftSteps, timer=timed_forward) -> Proposal:
+    """Run a proposal's steps here, one forward each (no other conversation to batch with).
+    `timer(model, segments) -> (logits, seconds)` runs and times each (tests inject costs)."""
     try:
         step = next(steps)
         while True:
-            (logits,), seconds = timed_forward(step.model, [step.segment])
+            (logits,), seconds = timer(step.model, [step.segment])
             step = steps.send((logits, seconds))
     except StopIteration as done:
         return done.value
@@ -132,13 +133,18 @@ class ModelDrafter:
         self.tokens: list[int] = []  # tokens whose K/V are valid in the cache, in order
         self.generator = generator
         self.step_s = 0.0  # moving average of one single-token draft step
-        self.sync_s = 0.0  # time the last re-sync took (0 when it was a prompt-sized prefill)
-        # Re-syncing on a few tokens (the bonus token, n-gram drafts the model did not see)
-        # is part of what drafting costs; a prompt-sized catch-up is prefill, not counted.
-        self.max_catch_up = 16
+        self.sync_s = 0.0  # time the last re-sync took
+        self.last_catch_up: tuple[int, float] | None = None  # (rows, seconds) of the last multi-row re-sync
 
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
         return run_draft_steps(self.propose_steps(context, k, params))
+
+    def behind(self, context: list[int]) -> int:
+        """Tokens of `context` the draft's cache does not hold yet (its first draft step runs
+        them all: one is the usual bonus token, more after a new turn's prompt or after
+        another drafter's accepted tokens)."""
+        return len(context) - min(common_prefix(self.tokens, context), len(context) - 1)
+
 
     def propose_steps(self, context: list[int], k: int, params: SamplingParams, guide=None) -> DraftSteps:
         """`propose` as a generator of forward steps: it yields each step it needs from the
@@ -158,7 +164,11 @@ class ModelDrafter:
         keep = min(common_prefix(self.tokens, context), len(context) - 1)
         todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
         logits, seconds = yield DraftStep(self.model, Segment(self.cache, todo, keep, all_logits=False))
-        self.sync_s = seconds if len(todo) <= self.max_catch_up else 0.0
+        self.sync_s = seconds
+        if len(todo) > 1:  # a catch-up: what it cost is learnt by the gamma controller
+            self.last_catch_up = (len(todo), seconds)
+        else:  # the usual first step: one row
+            self._observe_step(seconds)
         self.tokens = list(context)
         logits = logits[-1]
         tokens: list[int] = []
@@ -191,8 +201,9 @@ class ModelDrafter:
             if probs.shape[1] < self.target_vocab:  # a draft with a smaller head proposes none of the rest
                 probs = torch.nn.functional.pad(probs, (0, self.target_vocab - probs.shape[1]))
             probs = probs[:, : self.target_vocab]
-        n = len(tokens)
-        cost = self.sync_s + self.step_s * max(n - 1, 0) if self.sync_s else self.step_s * n
+        # Per drafted token, one step: what the gamma controller weighs per token. A catch-up
+        # beyond the first step's usual row is charged separately (catch_up_s).
+        cost = self.step_s * len(tokens)
         return Proposal(tokens, probs, self.name, cost)
 
     def _observe_step(self, seconds: float) -> None:

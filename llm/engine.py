@@ -26,7 +26,6 @@ the CPU default stays the variable-width int8 path.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import threading
@@ -105,7 +104,10 @@ class SpeculativeEngine:
     # (tokens, target K/V, draft K/V or None) of shared prefixes such as a system prompt
     prefixes: list[tuple[list[int], Sequence, object]] = field(default_factory=list)
     step_costs: dict[str, float] = field(default_factory=dict)
-    # What conversations learnt (acceptance per drafter, measured costs); new ones start from it.
+    # What conversations learn (acceptance per drafter, measured costs), for the engine's
+    # lifetime: every conversation's controller shares its `verify` and `sources` (not
+    # copies), so a turn starts from all the turns before it and a slower machine is seen
+    # by every call at once. Set to None to start over (a benchmark's next mode).
     learned: GammaController | None = None
     # Static caches and fixed-width (R-row) target passes; CUDA graphs of those steps.
     fixed_width: bool = False
@@ -202,7 +204,9 @@ class SpeculativeEngine:
         step = verify if self.fixed_width else target[1]
         costs = {"target_step": step, f"target_verify_{k}": verify}
         if self.draft is not None:
-            costs["draft_step"] = time_steps(self.draft.model, (1,), context, **as_run)[1]
+            draft = time_steps(self.draft.model, (1, 16), context, **as_run)
+            costs["draft_step"] = draft[1]
+            costs["draft_catch_up_row"] = draft[16] / 16  # a row of a catch-up (a new turn's prompt)
         self.step_costs = costs
         log.info("calibrated step costs: %s", {k: round(v * 1e3, 1) for k, v in costs.items()})
         return costs
@@ -210,17 +214,21 @@ class SpeculativeEngine:
     def _controller(self) -> GammaController:
         fixed = None if self.gamma == "auto" else int(self.gamma)
         c = GammaController(max_gamma=self.max_gamma if fixed is None else max(fixed, 0), fixed=fixed)
-        if self.learned is not None and fixed is None:
-            c.sources = copy.deepcopy(self.learned.sources)
-            c.verify = copy.deepcopy(self.learned.verify)
+        if fixed is not None:
             return c
-        if self.step_costs:
-            step = self.step_costs["target_step"]
-            k = self.verify_width
-            c.verify.step_s = step
-            c.verify.per_extra_row_s = max(0.0, (self.step_costs.get(f"target_verify_{k}", step) - step) / max(k - 1, 1))
-            if "draft_step" in self.step_costs:
-                c.stats("model").cost_per_token = self.step_costs["draft_step"]
+        if self.learned is None:
+            self.learned = GammaController(max_gamma=self.max_gamma)
+            if self.step_costs:  # the calibration seeds what the engine will learn
+                step = self.step_costs["target_step"]
+                k = self.verify_width
+                v = self.learned.verify
+                v.step_s = step
+                v.per_extra_row_s = max(0.0, (self.step_costs.get(f"target_verify_{k}", step) - step) / max(k - 1, 1))
+                v.wide_seen = 1  # the calibration measured one wide pass
+                if "draft_step" in self.step_costs:
+                    self.learned.stats("model").cost_per_token = self.step_costs["draft_step"]
+                    self.learned.stats("model").catch_up_row_s = self.step_costs["draft_catch_up_row"]
+        c.verify, c.sources = self.learned.verify, self.learned.sources  # shared, for the engine's lifetime
         return c
 
     # ---- conversations -----------------------------------------------------------------
@@ -242,6 +250,7 @@ class SpeculativeEngine:
             gen = torch.Generator(device="cpu")
             gen.manual_seed(seed + 1 if seed is not None else int(time.time_ns() % 2**63))
             drafters.append(ModelDrafter(self.draft.model, self.target.model.args.vocab_size, gen))
+            drafters[-1].step_s = self.step_costs.get("draft_step", 0.0)
         if self.gamma == 0:
             drafters = []
         if not self.fixed_width:
@@ -341,14 +350,10 @@ class SpeculativeEngine:
         if guide is not None and drafters:
             # What the constraint forces is drafted first, for free (accepted with certainty).
             drafters = [GrammarDrafter(guide), *drafters]
-        try:
-            with scheduler.active(), torch.inference_mode():
-                yield from speculative_stream(
-                    self.target.model, conv.seq, prompt, drafters, conv.controller, detok, gen, stats
-                )
-        finally:
-            if conv.controller.fixed is None:
-                self.learned = copy.deepcopy(conv.controller)
+        with scheduler.active(), torch.inference_mode():
+            yield from speculative_stream(
+                self.target.model, conv.seq, prompt, drafters, conv.controller, detok, gen, stats
+            )
 
     def generate(self, prompt: list[int], params: SamplingParams, conversation: Conversation | None = None) -> tuple[list[int], list[TokenGroup], GenerationStats]:
         conv = conversation or self.new_conversation(params.seed)

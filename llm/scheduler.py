@@ -61,9 +61,9 @@ class Piece:
 PieceSteps = Generator[DraftStep, tuple[torch.Tensor, float], "Piece | None"]
 
 
-def _run_here(out: Piece | None | PieceSteps) -> Piece | None:
+def _run_here(out: Piece | None | PieceSteps, timer=timed_forward) -> Piece | None:
     """A prepare's result with any draft steps run on this thread, one forward each."""
-    return run_draft_steps(out) if inspect.isgenerator(out) else out
+    return run_draft_steps(out, timer) if inspect.isgenerator(out) else out
 
 
 @dataclass(frozen=True)
@@ -90,15 +90,18 @@ class _Work:
 
 
 class SoloRunner:
-    """Passes run on the caller's thread, one at a time behind a lock (no engine thread)."""
+    """Passes run on the caller's thread, one at a time behind a lock (no engine thread).
+    `timer(model, segments) -> (logits, seconds)` runs and times every forward: the
+    seconds the gamma controller learns from (tests inject a machine's costs through it)."""
 
-    def __init__(self, lock=None):
+    def __init__(self, lock=None, timer=timed_forward):
         self.lock = lock if lock is not None else threading.Lock()
+        self.timer = timer
 
     def run(self, prepare, finish, hint: Load | None = None):
         with self.lock:
-            piece = _run_here(prepare(Load()))
-            (logits,), seconds = timed_forward(piece.model, [piece.segment])
+            piece = _run_here(prepare(Load()), self.timer)
+            (logits,), seconds = self.timer(piece.model, [piece.segment])
             return finish(logits), PassInfo(seconds, int(piece.segment.tokens.shape[0]), 1)
 
 

@@ -111,6 +111,10 @@ class GenerationStats:
     gammas: list[int] = field(default_factory=list)
     forced_tokens: int = 0  # tokens a constraint allowed alone (nothing else could be written)
     mask_s: float = 0.0  # time spent computing a constraint's masks
+    # One record per speculative pass: the gamma chosen and from which drafter, what the
+    # controller expected (rate, acceptance, verify cost, a draft model's catch-up) and what
+    # was measured (draft and verify seconds, accepted): why speculation paid or did not.
+    trace: list[dict] = field(default_factory=list)
 
     @property
     def tokens_per_pass(self) -> float:

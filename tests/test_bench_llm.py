@@ -109,3 +109,30 @@ def test_bench_llm_reports_verify_costs_and_the_lookup_ceiling(report):
     c = a["prompt_lookup_ceiling"]
     # A random model's answers need not quote their prompts: the bound is at least plain decoding.
     assert c["tokens_per_pass"] >= 1.0 and c["speedup_vs_target_only"] > 0
+
+
+def test_bench_llm_reports_the_worst_turn_the_gammas_and_never_slower(report):
+    modes = report["modes"]
+    for mode in ("spec_model", "spec_ngram", "spec_hybrid"):
+        e = modes[mode]
+        assert e["worst_turn"]["id"] in ("copy", "price")
+        assert e["worst_turn"]["speedup_vs_target_only"] == pytest.approx(e["speedup_vs_target_only"]["worst"])
+        g = e["gamma"]
+        assert 0.0 <= g["share_at_0"] <= 1.0 and len(g["per_turn_mean"]) == 2
+        assert sum(g["histogram"].values()) == sum(t["passes"] - 1 for t in e["per_turn"])
+    worst = [modes[m]["speedup_vs_target_only"]["worst"] for m in ("spec_model", "spec_ngram", "spec_hybrid")]
+    assert report["never_slower"] is all(w >= 0.97 for w in worst)
+    # The controller's per-pass record travels in the JSON: gamma, drafter, expected vs measured.
+    trace = report["traces"]["spec_ngram"][0]
+    assert trace and {"g", "source", "expected_rate", "verify_s", "estimated_verify_s"} <= set(trace[0])
+
+
+def test_never_slower_is_judged_on_the_speculative_modes_worst_turns():
+    from demo.bench.llm import never_slower
+
+    def entry(worst):
+        return {"speedup_vs_target_only": {"median": 1.2, "worst": worst, "mean": 1.2}}
+
+    assert never_slower({"target_only": entry(1.0), "spec_ngram": entry(0.98), "hf_assisted": entry(0.4)}) is True
+    assert never_slower({"target_only": entry(1.0), "spec_ngram": entry(0.98), "spec_hybrid": entry(0.95)}) is False
+    assert never_slower({"hf_generate": entry(1.0)}) is None

@@ -276,7 +276,9 @@ def test_unbatched_engine_thread_is_exact_too(tiny_models):
 
 
 def controller(step=0.1, per_row=0.01):
-    c = GammaController(max_gamma=8, verify=CostModel(step_s=step, per_extra_row_s=per_row))
+    """A controller past its slow start (it has measured wide passes), with no margin: the
+    rule under test is the aggregate maximum (the margin is tests/test_gamma.py's)."""
+    c = GammaController(max_gamma=8, verify=CostModel(step_s=step, per_extra_row_s=per_row, wide_seen=12), margin=0.0)
     s = c.stats("ngram3")
     s.accepted, s.rejected, s.cost_per_token = 1.0, 1.0, 0.0  # acceptance 0.5, free drafts
     return c

@@ -13,7 +13,8 @@ def test_expected_tokens_formula():
 
 
 def controller(step=0.1, per_row=0.002, max_gamma=8):
-    return GammaController(max_gamma=max_gamma, verify=CostModel(step_s=step, per_extra_row_s=per_row))
+    """A controller that has measured wide passes already (past the slow start)."""
+    return GammaController(max_gamma=max_gamma, verify=CostModel(step_s=step, per_extra_row_s=per_row, wide_seen=5))
 
 
 def test_free_accurate_drafts_use_full_gamma():
@@ -83,3 +84,28 @@ def test_fixed_gamma_is_respected():
     c = GammaController(max_gamma=5, fixed=5)
     assert c.choose("model", 8) == 5
     assert c.choose("ngram2", 2) == 2
+
+
+def test_slow_start_before_wide_passes_are_measured():
+    """A cost line fitted to one-row passes is not trusted for nine rows: one draft until a
+    two-row pass was measured, then twice as wide with each wide pass measured."""
+    c = GammaController(max_gamma=8, verify=CostModel(step_s=0.1, per_extra_row_s=0.002))
+    s = c.stats("ngram4")
+    s.accepted, s.rejected = 95.0, 5.0
+    assert c.choose("ngram4", 8) == 1
+    c.observe_verify(2, 0.102)
+    assert c.choose("ngram4", 8) == 3
+    c.observe_verify(4, 0.106)
+    assert c.choose("ngram4", 8) == 7
+    c.observe_verify(8, 0.114)
+    assert c.choose("ngram4", 8) == 8
+
+
+def test_margin_keeps_a_marginal_gain_off():
+    """Speculation that the estimate says gains 5% is not worth its risk: the margin is 10%."""
+    c = controller(step=0.1, per_row=0.0)
+    s = c.stats("ngram2")
+    s.accepted, s.rejected, s.cost_per_token = 0.05, 0.95, 0.0  # a = 0.05: E(1) = 1.05 tokens for the same cost
+    assert c.choose("ngram2", 1) == 0
+    c.margin = 0.0
+    assert c.choose("ngram2", 1) == 1

@@ -70,6 +70,8 @@ class Run:
     drafted: int
     accepted: int
     token_times: list[float] = field(default_factory=list)
+    gammas: list[int] = field(default_factory=list)  # drafts verified at each speculative pass (ours)
+    trace: list[dict] = field(default_factory=list)  # the controller's per-pass record (ours)
 
     @property
     def tokens_per_s(self) -> float:
@@ -117,7 +119,8 @@ def run_ours(engine, prompt, max_new, system_ids) -> Run:
         clock.feed(g.text, len(g.token_ids), now)
     clock.end(time.perf_counter())
     s = conv.last_stats
-    return Run(ids, clock.first_token or 0.0, clock.first_sentence, time.perf_counter() - t0, s.passes, s.drafted, s.accepted, times)
+    return Run(ids, clock.first_token or 0.0, clock.first_sentence, time.perf_counter() - t0, s.passes, s.drafted,
+               s.accepted, times, list(s.gammas), list(s.trace))
 
 
 def run_hf(model, tokenizer, prompt, max_new, assistant=None) -> Run:
@@ -314,6 +317,16 @@ def build_report(results, turns, modes, args, cfg, device, dtype) -> dict:
             if ref is not None:
                 ratios = [a.tokens_per_s / b.tokens_per_s for a, b in zip(runs, ref) if b.tokens_per_s > 0 and a.tokens_per_s > 0]
                 entry[f"speedup_vs_{ref_name}"] = summarize(ratios)
+                by_turn = [(t["id"], a.tokens_per_s / b.tokens_per_s) for t, a, b in zip(turns, runs, ref)
+                           if b.tokens_per_s > 0 and a.tokens_per_s > 0]
+                if ref_name == "target_only" and by_turn:
+                    turn_id, ratio = min(by_turn, key=lambda x: x[1])
+                    entry["worst_turn"] = {"id": turn_id, "speedup_vs_target_only": ratio}
+        gammas = [g for r in runs for g in r.gammas]
+        if gammas:  # how the controller chose, over all the turns
+            entry["gamma"] = {"mean": statistics.fmean(gammas), "share_at_0": sum(g == 0 for g in gammas) / len(gammas),
+                              "histogram": {str(g): gammas.count(g) for g in sorted(set(gammas))},
+                              "per_turn_mean": [round(statistics.fmean(r.gammas), 3) if r.gammas else 0.0 for r in runs]}
         out_modes[mode] = entry
     return {
         "benchmark": "specvoice bench llm",
@@ -325,7 +338,20 @@ def build_report(results, turns, modes, args, cfg, device, dtype) -> dict:
         "turns": len(turns),
         "max_new_tokens": args.max_new_tokens,
         "modes": out_modes,
+        # Issue 27's promise: every speculative mode's worst turn at least 0.97x plain decoding.
+        "never_slower": never_slower(out_modes),
+        "traces": {m: [r.trace for r in results[m]] for m in modes if any(r.trace for r in results[m])},
     }
+
+
+def never_slower(modes: dict, floor: float = 0.97) -> bool | None:
+    """True when every speculative mode's worst turn is at least `floor` x target_only
+    (None without target_only in the run)."""
+    worst = [e["speedup_vs_target_only"]["worst"] for m, e in modes.items()
+             if m.startswith("spec_") and e.get("speedup_vs_target_only")]
+    if not worst:
+        return None
+    return all(w is not None and w >= floor for w in worst)
 
 
 def print_table(report: dict) -> None:
@@ -333,7 +359,7 @@ def print_table(report: dict) -> None:
         return "-" if v is None else format(v, spec)
 
     print(f"\n{report['turns']} turns, greedy, max {report['max_new_tokens']} new tokens, {report['machine']['device']}")
-    head = f"{'mode':13s} {'tok/s':>6s} {'x target':>9s} {'worst':>6s} {'x hf_asst':>9s} {'tok/pass':>8s} {'accept':>6s} {'TTFT s':>7s} {'1st sent s':>10s} {'exact/ours':>10s} {'exact/hf':>8s}"
+    head = f"{'mode':13s} {'tok/s':>6s} {'x target':>9s} {'worst':>6s} {'x hf_asst':>9s} {'tok/pass':>8s} {'accept':>6s} {'gamma':>5s} {'at 0':>5s} {'TTFT s':>7s} {'1st sent s':>10s} {'exact/ours':>10s} {'exact/hf':>8s}"
     print(head)
     print("-" * len(head))
     for mode, e in report["modes"].items():
@@ -342,9 +368,12 @@ def print_table(report: dict) -> None:
         print(
             f"{mode:13s} {f(e['tokens_per_s']):>6s} {f(vs_t.get('median')):>9s} {f(vs_t.get('worst')):>6s} "
             f"{f(vs_a.get('median')):>9s} {f(e['tokens_per_pass']):>8s} {f(e['acceptance_rate']):>6s} "
+            f"{f((e.get('gamma') or {}).get('mean')):>5s} {f((e.get('gamma') or {}).get('share_at_0'), '.0%'):>5s} "
             f"{f(e['ttft_s'], '.3f'):>7s} {f(e['first_sentence_s'], '.3f'):>10s} "
             f"{f(e['exact_vs_target_only'], '.0%'):>10s} {f(e['exact_vs_hf_generate'], '.0%'):>8s}"
         )
+    if report.get("never_slower") is not None:
+        print(f"never slower (every speculative mode's worst turn >= 0.97x target_only): {report['never_slower']}")
     a = report.get("analysis")
     if a:
         ratio = a["verify_cost_ratio"]
