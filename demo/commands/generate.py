@@ -23,7 +23,7 @@ examples:
 constrained (every token masked to what the constraint allows; exact under speculation,
 and the tokens it forces are drafted for free):
   specvoice generate --messages chat.json --json-schema booking.schema.json
-  specvoice generate --prompt "Open on Monday? Answer:" --regex " (Yes|No), we (are|are not) open\."
+  specvoice generate --prompt "Open on Monday? Answer:" --regex " (Yes|No), we (are|are not) open\\."
   specvoice generate --messages chat.json --grammar plan.lark       # Lark, as llguidance reads it
 
 chat.json is a list of {"role": "system"|"user"|"assistant", "content": "..."}.
