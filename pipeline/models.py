@@ -440,6 +440,13 @@ def _build(spec: ModelSpec, work: Path, pip_args: list[str], progress: bool) -> 
     """Download, assemble, verify and convert `spec` under `work`; return the finished folder."""
     from tqdm import tqdm
 
+    if spec.convert_moonshine:  # checked first: no download for a conversion that cannot run
+        try:
+            import onnx  # noqa: F401  (the conversion's one dependency beyond onnxruntime)
+        except ImportError:
+            raise PullError(f"{spec.name}: converting Moonshine's files needs the onnx package; "
+                            f"fix: `pip install onnx` (or reinstall specvoice), then pull again") from None
+
     wheels: dict[str, Path] = {}
     for i, requirement in enumerate(tqdm(spec.packages, desc=f"{spec.name}: download", unit="pkg",
                                          disable=not progress, leave=False)):

@@ -300,3 +300,33 @@ def test_default_config_uses_moonshine_with_the_business_vocabulary():
     assert stt.engine == "moonshine" and CATALOG[stt.model_for_engine].kind == "stt"
     assert CATALOG[stt.model_for_engine].convert_moonshine and "Aetna" in stt.vocabulary
     assert not stt.streaming  # streaming needs Whisper's word timestamps
+
+
+def test_catalog_pins_every_moonshine_file_and_converts_the_two_ort_files():
+    from pipeline.models import CATALOG, DEFAULT_ORDER
+
+    spec = CATALOG["moonshine-base-en"]
+    assert spec.kind == "stt" and spec.packages == ("moonshine-cpp==0.1.4",)
+    assert all(plan.sha256 for plan in spec.files)  # weights, tokenizer and license all pinned
+    assert set(spec.convert_moonshine) == {"encoder_model.ort", "decoder_model_merged.ort"}
+    assert {p.dest for p in spec.files} >= set(spec.convert_moonshine) | {"tokenizer.bin", "LICENSE"}
+    assert "moonshine-base-en" in DEFAULT_ORDER  # `specvoice models pull` fetches the default STT
+
+
+def test_pull_without_onnx_says_how_to_fix(monkeypatch, tmp_path):
+    """The conversion's dependency missing: a PullError naming the fix, before any work."""
+    import builtins
+
+    import pipeline.models as models
+
+    real_import = builtins.__import__
+
+    def no_onnx(name, *args, **kwargs):
+        if name == "onnx":
+            raise ImportError("No module named 'onnx'")
+        return real_import(name, *args, **kwargs)
+
+    spec = models.ModelSpec("m", "stt", (), "test", files=(), convert_moonshine=("a.ort", "b.ort"))
+    monkeypatch.setattr(builtins, "__import__", no_onnx)
+    with pytest.raises(models.PullError, match="pip install onnx"):
+        models._build(spec, tmp_path, [], progress=False)
