@@ -48,9 +48,9 @@ def build_app(bridge: "Bridge") -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route(webhooks.VOICE_PATH, webhooks.voice, methods=["GET", "POST"]),
         Route(webhooks.ACTION_PATH, webhooks.stream_ended, methods=["GET", "POST"]),
-        WebSocketRoute(webhooks.STREAM_PATH, media_stream),
+        WebSocketRoute(webhooks.STREAM_PATH, _WebSocketEndpoint(media_stream)),
         Route("/", person(pages.call_page), methods=["GET"]),
-        WebSocketRoute("/call", browser_call),
+        WebSocketRoute("/call", _WebSocketEndpoint(browser_call)),
         Route("/calls", person(pages.calls_page), methods=["GET"]),
         Route("/calls/{name}", person(pages.report_page), methods=["GET"]),
         Route("/calls/{name}/recording.wav", person(pages.recording), methods=["GET"]),
@@ -111,9 +111,20 @@ async def _admit(ws: WebSocket, sock: AsgiSocket, what: str) -> bool:
     return False
 
 
-async def media_stream(ws: WebSocket) -> None:
+class _WebSocketEndpoint:
+    """A WebSocket route as an ASGI app (not a plain function), so the handler also gets the
+    raw `receive`: AsgiSocket.gone() reads the transport's end from it after a close."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.handler(WebSocket(scope, receive, send), receive)
+
+
+async def media_stream(ws: WebSocket, receive) -> None:
     bridge: Bridge = ws.app.state.bridge
-    sock = AsgiSocket(ws)
+    sock = AsgiSocket(ws, receive)
     status = bridge.access.twilio(ws.headers, webhooks.path_with_query(ws))
     if status:
         log.warning("stream handshake refused (%d) from %s", status, sock.peer)
@@ -124,15 +135,16 @@ async def media_stream(ws: WebSocket) -> None:
     try:
         await ws.accept()
         await serve_stream(sock, bridge.settings, bridge.on_call, bridge)
+        await sock.gone()  # the slot is held while the connection is (a peer may not read our close)
     finally:
         bridge.release(sock)
 
 
-async def browser_call(ws: WebSocket) -> None:
+async def browser_call(ws: WebSocket, receive) -> None:
     from pipeline.transports.web.browser import serve_browser
 
     bridge: Bridge = ws.app.state.bridge
-    sock = AsgiSocket(ws)
+    sock = AsgiSocket(ws, receive)
     status = bridge.access.person(ws.headers)
     if status:
         log.warning("browser call refused (%d) from %s", status, sock.peer)
@@ -145,5 +157,6 @@ async def browser_call(ws: WebSocket) -> None:
         await ws.accept()
         bridge.metrics.call_started("browser")
         await serve_browser(sock, bridge)
+        await sock.gone()
     finally:
         bridge.release(sock)

@@ -9,6 +9,7 @@ count as the server's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -17,6 +18,11 @@ from websockets.exceptions import ConnectionClosed
 from pipeline.transports.telephony.media_stream import StreamClosed
 
 __all__ = ["AsgiSocket", "peer_of"]
+
+# uvicorn reports the transport itself gone as a disconnect with this code (never sent on the wire).
+TRANSPORT_LOST = (1005, 1006)
+# How long a closed connection may linger, its peer not reading our close (uvicorn gives up at 10 s).
+LINGER_S = 15.0
 
 # Close codes uvicorn sends itself when an incoming frame breaks a limit or the protocol.
 SERVER_CODES = frozenset({1002, 1007, 1009})
@@ -29,8 +35,10 @@ def peer_of(scope_client) -> str:
 
 
 class AsgiSocket:
-    def __init__(self, ws: WebSocket):
+    def __init__(self, ws: WebSocket, receive=None):
         self.ws = ws
+        self._receive = receive  # the raw ASGI receive: it still reports the transport's end after a close
+        self._lost = False  # the transport's end was already reported
         self.peer = peer_of(ws.client)
         self.sent_code: int | None = None  # set once we closed it
 
@@ -42,6 +50,7 @@ class AsgiSocket:
         message = await self.ws.receive()
         if message["type"] == "websocket.disconnect":
             code = message.get("code")
+            self._lost = self._lost or code in TRANSPORT_LOST
             ours = self.sent_code is not None or code in SERVER_CODES
             raise StreamClosed(self.sent_code if self.sent_code is not None else code, ours,
                                message.get("reason") or "")
@@ -64,6 +73,19 @@ class AsgiSocket:
             await self.ws.send_bytes(data)
         except (WebSocketDisconnect, OSError, RuntimeError) as exc:
             raise ConnectionClosed(None, None) from exc
+
+    async def gone(self, timeout_s: float = LINGER_S) -> None:
+        """Wait until the connection is really closed: a peer that never reads our close frame
+        holds its socket (and the call's slot) until uvicorn gives up on it."""
+        if self._receive is None or self._lost:
+            return
+        with contextlib.suppress(TimeoutError, Exception):
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    message = await self._receive()
+                    if message.get("type") == "websocket.disconnect" and message.get("code") in TRANSPORT_LOST:
+                        self._lost = True
+                        return
 
     async def close(self, code: int, reason: str) -> None:
         if self.sent_code is not None:
