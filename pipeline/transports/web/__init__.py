@@ -5,9 +5,9 @@
     webhooks  Twilio's voice webhook (form POST or GET, signature over URL + POST parameters), stream-ended
     access    who may use what: Twilio signatures / bearer on Twilio's paths; a token off loopback for people
     browser   a call from the page: PCM over its WebSocket, marks echoed once played, events to the page
+    sockets   an ASGI WebSocket as the calls' socket (who closed it, when it is really gone)
     adapter   a browser call as a Call's ports (make_browser_handler)
     pages     the call page, recent calls, report pages and recordings
-    recording both sides of a browser call, one clock, stereo WAV
     metrics   Prometheus metrics from the calls' report entries
     static/   the call page: HTML, script, AudioWorklets (capture and playback)
 
