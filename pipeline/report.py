@@ -127,7 +127,7 @@ class CallReport:
         else:
             models = {"llm_target": llm.target, "llm_draft": llm.draft if llm.drafter in ("model", "hybrid") else None,
                       "drafter": llm.drafter}
-        models.update(stt=config.stt.model, tts=f"{config.tts.engine}:{config.tts.voice}")
+        models.update(stt=config.stt.model_for_engine, tts=f"{config.tts.engine}:{config.tts.voice}")
         return cls(call_id=call_id, config=dumped, models=models, **kwargs)
 
     def add_turn(
