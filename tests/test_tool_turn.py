@@ -514,3 +514,14 @@ async def test_default_target_books_the_slot_the_caller_asks_for(tmp_path):
     assert not any("<tool" in s or "{" in s or "</" in s for s in turn.sentences)
     assert report["turns"][0]["tool_calls"][0]["result"]["booked"] is True
     store.close()
+
+
+def test_merge_stats_adds_counters_and_joins_lists():
+    from llm.types import GenerationStats
+    from pipeline.stages.respond import merge_stats
+
+    a = GenerationStats(new_tokens=3, passes=2, ttft_s=0.5, gammas=[4, 4], trace=[{"pass": 1}])
+    b = GenerationStats(new_tokens=5, passes=3, ttft_s=0.9, gammas=[2], trace=[{"pass": 2}, {"pass": 3}])
+    total = merge_stats([a, b])
+    assert (total.new_tokens, total.passes, total.ttft_s) == (8, 5, 0.5)
+    assert total.gammas == [4, 4, 2] and total.trace == [{"pass": 1}, {"pass": 2}, {"pass": 3}]

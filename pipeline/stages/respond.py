@@ -227,8 +227,8 @@ def merge_stats(rounds: list[GenerationStats]) -> GenerationStats | None:
     for f in dataclasses.fields(GenerationStats):
         if f.name == "ttft_s":
             total.ttft_s = rounds[0].ttft_s
-        elif f.name == "gammas":
-            total.gammas = [g for s in rounds for g in s.gammas]
+        elif isinstance(getattr(rounds[0], f.name), list):  # gammas, trace: one after the other
+            setattr(total, f.name, [x for s in rounds for x in getattr(s, f.name)])
         else:
             setattr(total, f.name, sum(getattr(s, f.name) for s in rounds))
     return total
