@@ -186,13 +186,22 @@ class ConstraintState:
     """One generation's place in its constraint. Not thread-safe: it lives in one
     conversation's pass callbacks (which the engine thread runs one at a time)."""
 
-    def __init__(self, matcher, vocab_size: int, constraint: Constraint):
+    def __init__(self, matcher, vocab_size: int, constraint: Constraint, root: "ConstraintState | None" = None):
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.constraint = constraint
         self._words = (vocab_size + 31) // 32
-        self.mask_s = 0.0  # time spent computing masks (bench constrained)
+        self.mask_s = 0.0  # time spent computing masks (bench constrained), forks' included
         self.masks = 0
+        self._root = root or self
+
+    def fork(self) -> "ConstraintState":
+        """A copy to look ahead with (a verify's draft rows, a draft model's steps). The
+        generation's own state only ever moves forward by what was kept: looking ahead
+        by consuming and rolling back went out of step with the text when a draft ran
+        past the grammar's end (a stopped matcher consumes nothing, yet the rollback
+        counted every draft) and after llguidance rollbacks in lazy grammars."""
+        return ConstraintState(self.matcher.deep_copy(), self.vocab_size, self.constraint, self._root)
 
     def mask(self) -> torch.Tensor:
         """Bool (vocab,): the tokens the constraint allows next."""
@@ -200,8 +209,8 @@ class ConstraintState:
         bits = np.empty(self._words, dtype=np.int32)
         self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
-        self.mask_s += time.perf_counter() - t0
-        self.masks += 1
+        self._root.mask_s += time.perf_counter() - t0
+        self._root.masks += 1
         return torch.from_numpy(allowed)
 
     def advance(self, tokens: list[int]) -> None:
@@ -219,14 +228,16 @@ class ConstraintState:
     def check_drafts(self, drafts: list[int]) -> tuple[list[int], torch.Tensor]:
         """(the drafts up to the first one the constraint rejects, the masks of the
         verify's rows): row i is the mask after drafts[:i], so len(kept) + 1 rows. The
-        state is where it was when this returns."""
+        state does not move (the rows come from a fork)."""
         kept = drafts[: self.valid_prefix(drafts)]
         rows = [self.mask()]
-        for tok in kept:
-            self.advance([tok])
-            rows.append(self.mask())
         if kept:
-            self.matcher.rollback(len(kept))
+            ahead = self.fork()
+            for i, tok in enumerate(kept):
+                if ahead.matcher.is_stopped() or not ahead.matcher.consume_token(tok):
+                    kept = kept[:i]  # past the grammar's end (or a token it refused after all)
+                    break
+                rows.append(ahead.mask())
         return kept, torch.stack(rows)
 
     def forced(self, limit: int) -> list[int]:

@@ -155,8 +155,8 @@ class ModelDrafter:
         `guide` (a llm.constrain.ConstraintState at the context's end): each draft token is
         chosen from the draft's distribution masked by the constraint, and the returned
         probabilities are that masked distribution, so a sampled draft never holds a token
-        the constraint rejects (cutting one would bias rejection sampling). The guide is
-        back where it was when this returns."""
+        the constraint rejects (cutting one would bias rejection sampling). The guide itself
+        does not move (the steps follow a fork of it)."""
         if k <= 0:
             return Proposal([], None, self.name, 0.0)
         # Re-sync: keep the longest common prefix with the cache; always run at least one
@@ -173,6 +173,8 @@ class ModelDrafter:
         logits = logits[-1]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        if guide is not None:
+            guide = guide.fork()  # the steps look ahead on a copy: the generation's state does not move
         for i in range(k):
             if guide is not None:
                 if guide.done:
@@ -193,8 +195,6 @@ class ModelDrafter:
                 logits = logits[-1]
                 self._observe_step(seconds)
                 self.tokens.append(token)
-        if guide is not None and tokens:
-            guide.matcher.rollback(len(tokens))
         probs = None
         if rows:
             probs = torch.stack(rows)

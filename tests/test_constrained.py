@@ -387,3 +387,24 @@ def test_why_a_sampling_drafter_drafts_from_the_masked_distribution():
 
     assert 0.5 * float((first_tokens(q_masked, cut=True) - p).abs().sum()) < 0.02
     assert 0.5 * float((first_tokens(q, cut=True) - p).abs().sum()) > 0.2
+
+
+def test_drafts_running_past_the_grammars_end_keep_the_state_in_step(tiny_models):
+    """The history holds the same answer followed by the end token, so n-gram lookup drafts
+    the answer's rest up to the grammar's end; the look-ahead for the verify's rows runs on
+    a fork, and the generation's state stays where the text is: the output is the
+    constrained target's own, ending where the grammar does."""
+    eng = load(tiny_models["target"], None, "ngram", 6)
+    plain = load(tiny_models["target"])
+    eos = sorted(eng.target.eos_ids)[0]
+    constraint = Constraint.regex(r"(Tuesday at 10|Friday at 9:30)")  # complete: nothing may follow
+    for answer in ("Tuesday at 10", "Friday at 9:30"):
+        history = eng.encode("Dr. Patel: " + answer) + [eos] + eng.encode(" Dr. Patel: " + answer) + [eos]
+        prompt = history + eng.encode(" Dr. Patel:")
+        conv = eng.new_conversation()
+        conv.drafters = [NgramDrafter(min_n=1)]
+        params = SamplingParams(max_new_tokens=24, constraint=constraint)
+        ids, _, stats = eng.generate(prompt, params, conv)
+        assert ids == plain.generate(prompt, params)[0]
+        assert eng.target.tokenizer.decode([t for t in ids if t != eos]).strip() in ("Tuesday at 10", "Friday at 9:30")
+        assert stats.drafted > 0
