@@ -136,3 +136,25 @@ def test_never_slower_is_judged_on_the_speculative_modes_worst_turns():
     assert never_slower({"target_only": entry(1.0), "spec_ngram": entry(0.98), "hf_assisted": entry(0.4)}) is True
     assert never_slower({"target_only": entry(1.0), "spec_ngram": entry(0.98), "spec_hybrid": entry(0.95)}) is False
     assert never_slower({"hf_generate": entry(1.0)}) is None
+
+
+def test_bench_llm_repeats_keep_each_modes_median_run(tiny_models, tmp_path):
+    config = tmp_path / "tiny.toml"
+    config.write_text("[llm]\n" f'target = "{tiny_models["target"]}"\n' f'draft = "{tiny_models["target"]}"\n'
+                      'device = "cpu"\ndtype = "float32"\nmax_gamma = 4\n')
+    dialogues = tmp_path / "d.json"
+    dialogues.write_text(json.dumps({"turns": [{"id": "copy", "messages": [
+        {"role": "system", "content": "Riverside Dental is open Monday to Friday from 8 a.m. to 6 p.m."},
+        {"role": "user", "content": "Riverside Dental is open Monday to"}]}]}))
+    out = tmp_path / "r.json"
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["bench", "llm", "--config", str(config), "--dialogues", str(dialogues), "--modes",
+                   "target_only,spec_ngram", "--repeats", "3", "--max-new-tokens", "10", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["repeats"] == 3
+    assert report["modes"]["spec_ngram"]["exact_vs_target_only"] == 1.0
+    assert len(report["modes"]["spec_ngram"]["per_turn"]) == 1  # one turn, its median run
