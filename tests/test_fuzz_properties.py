@@ -139,7 +139,10 @@ def test_outbound_framer_any_chunking_gives_whole_frames_in_order(items):
     from voice.tts import AudioChunk
 
     class Wire:
-        """What a TwilioWriter sends: media payloads and mark names, in order."""
+        """What a TwilioWriter sends: media payloads and mark names, in order (a call
+        with no recording, as a TelephonyCall is by default)."""
+
+        recording = None
 
         def __init__(self):
             self.out: list = []
