@@ -133,7 +133,6 @@ class ModelDrafter:
         self.tokens: list[int] = []  # tokens whose K/V are valid in the cache, in order
         self.generator = generator
         self.step_s = 0.0  # moving average of one single-token draft step
-        self.sync_s = 0.0  # time the last re-sync took
         self.last_catch_up: tuple[int, float] | None = None  # (rows, seconds) of the last multi-row re-sync
 
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
@@ -164,7 +163,6 @@ class ModelDrafter:
         keep = min(common_prefix(self.tokens, context), len(context) - 1)
         todo = torch.tensor(context[keep:], dtype=torch.long, device=self.model.device)
         logits, seconds = yield DraftStep(self.model, Segment(self.cache, todo, keep, all_logits=False))
-        self.sync_s = seconds
         if len(todo) > 1:  # a catch-up: what it cost is learnt by the gamma controller
             self.last_catch_up = (len(todo), seconds)
         else:  # the usual first step: one row
