@@ -158,3 +158,19 @@ def test_bench_llm_repeats_keep_each_modes_median_run(tiny_models, tmp_path):
     assert report["repeats"] == 3
     assert report["modes"]["spec_ngram"]["exact_vs_target_only"] == 1.0
     assert len(report["modes"]["spec_ngram"]["per_turn"]) == 1  # one turn, its median run
+
+
+def test_pass_units_speedup_judges_a_turn_on_its_own_passes():
+    from demo.bench.llm import pass_units_speedup
+
+    def p(g, accepted, draft_s, verify_s):
+        return {"g": g, "accepted": accepted, "draft_s": draft_s, "verify_s": verify_s}
+
+    # Never drafted: exactly plain decoding, whatever the machine did in this run.
+    assert pass_units_speedup([p(0, 0, 0.0, 0.2), p(0, 0, 0.0, 0.25), p(0, 0, 0.0, 0.3)]) == pytest.approx(1.0)
+    # One pass of 3 drafts, 2 kept, costing 1.2 plain passes: 3 tokens in 1.2 + 2 passes for 5 tokens.
+    trace = [p(0, 0, 0.0, 0.1), p(3, 2, 0.0, 0.12), p(0, 0, 0.0, 0.1)]
+    assert pass_units_speedup(trace) == pytest.approx(5 / 3.2)
+    # A pass whose drafts all failed and cost two plain passes: slower than plain.
+    assert pass_units_speedup([p(0, 0, 0.0, 0.1), p(4, 0, 0.05, 0.15)]) == pytest.approx(2 / 3)
+    assert pass_units_speedup([p(2, 2, 0.0, 0.1)]) is None  # no plain pass in the run to measure one with

@@ -331,6 +331,10 @@ def build_report(results, turns, modes, args, cfg, device, dtype) -> dict:
                 if ref_name == "target_only" and by_turn:
                     turn_id, ratio = min(by_turn, key=lambda x: x[1])
                     entry["worst_turn"] = {"id": turn_id, "speedup_vs_target_only": ratio}
+        units = [pass_units_speedup(r.trace) for r in runs if r.trace]
+        if mode.startswith("spec_") and any(u is not None for u in units):
+            # The controller's decisions alone: each turn's passes against the same run's plain pass.
+            entry["pass_units_speedup"] = summarize(units)
         gammas = [g for r in runs for g in r.gammas]
         if gammas:  # how the controller chose, over all the turns
             entry["gamma"] = {"mean": statistics.fmean(gammas), "share_at_0": sum(g == 0 for g in gammas) / len(gammas),
@@ -352,6 +356,21 @@ def build_report(results, turns, modes, args, cfg, device, dtype) -> dict:
         "never_slower": never_slower(out_modes),
         "traces": {m: [r.trace for r in results[m]] for m in modes if any(r.trace for r in results[m])},
     }
+
+
+def pass_units_speedup(trace: list[dict]) -> float | None:
+    """A turn's speedup over plain decoding judged on its own passes, free of the machine's
+    drift between two runs: every pass's time (drafting + verifying) in units of this
+    run's own one-row pass (the median of its gamma-0 passes), against the one plain pass
+    each of its tokens would have taken. A turn that never drafted is 1.0 by construction
+    (None when the run had no gamma-0 pass to measure a plain one with)."""
+    plain = sorted(p["verify_s"] for p in trace if p["g"] == 0)
+    if not plain:
+        return None
+    one_row = plain[len(plain) // 2]
+    spent = sum((p["draft_s"] + p["verify_s"]) if p["g"] else one_row for p in trace) / one_row
+    tokens = sum(p["accepted"] + 1 for p in trace)
+    return tokens / spent if spent > 0 else None
 
 
 def never_slower(modes: dict, floor: float = 0.97) -> bool | None:
