@@ -31,7 +31,7 @@ from voice.audio import STT_RATE, rms_dbfs
 from voice.decode_guard import max_new_tokens, repetition_keep
 from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError, pull_hint_for
 from voice.moonshine_convert import CONVERTED_FILES, DECODER_FIRST, DECODER_WITH_PAST, ENCODER, TOKENIZER
-from voice.stt import Transcript
+from voice.stt import Transcript, stt_audio
 
 REQUIRED_FILES = (*CONVERTED_FILES, TOKENIZER)
 BOS, EOS = 1, 2
@@ -131,18 +131,6 @@ class MoonshineSTT:
 
     # -------------------------------------------------------------- sync
 
-    def _check_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
-        if sample_rate != STT_RATE:
-            raise AudioFormatError(
-                f"Moonshine needs {STT_RATE} Hz audio, got {sample_rate} Hz: resample first "
-                f"(voice.audio.resample(pcm, {sample_rate}, {STT_RATE}))")
-        audio = np.asarray(audio)
-        if audio.ndim != 1:
-            raise AudioFormatError(f"expected mono 1-D audio, got shape {audio.shape}")
-        if audio.dtype == np.int16:
-            audio = audio.astype(np.float32) / 32768.0
-        return audio.astype(np.float32, copy=False)
-
     def generate(self, hidden: np.ndarray, max_tokens: int) -> list[int]:
         """Greedy token ids (without <s> and </s>) for the encoder's states of one utterance."""
         outputs = self.first.run(self._first_outputs, {"input_ids": np.array([[BOS]], np.int64),
@@ -165,7 +153,7 @@ class MoonshineSTT:
         return tokens
 
     def transcribe_full(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> Transcript:
-        audio = self._check_audio(audio, sample_rate)
+        audio = stt_audio(audio, sample_rate, "Moonshine")
         t0 = time.perf_counter()
         audio_s = len(audio) / STT_RATE
         if audio_s < MIN_AUDIO_S or rms_dbfs(audio) < self.silence_dbfs:

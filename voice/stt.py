@@ -104,6 +104,21 @@ def _prompt_runs(text: str | None) -> set[str]:
     return {" ".join(phrases[i:i + ECHO_PHRASES]) for i in range(len(phrases) - ECHO_PHRASES + 1)}
 
 
+
+def stt_audio(audio: np.ndarray, sample_rate: int, engine: str) -> np.ndarray:
+    """One utterance as every STT engine here reads it: 16 kHz mono float32 in [-1, 1]
+    (int16 scaled); a wrong rate or shape is an AudioFormatError that says what to do."""
+    if sample_rate != STT_RATE:
+        raise AudioFormatError(
+            f"{engine} needs {STT_RATE} Hz audio, got {sample_rate} Hz: resample first "
+            f"(voice.audio.resample(pcm, {sample_rate}, {STT_RATE}))")
+    audio = np.asarray(audio)
+    if audio.ndim != 1:
+        raise AudioFormatError(f"expected mono 1-D audio, got shape {audio.shape}")
+    if audio.dtype == np.int16:
+        audio = audio.astype(np.float32) / 32768.0
+    return audio.astype(np.float32, copy=False)
+
 @dataclass(frozen=True)
 class WhisperPrompt:
     """The text Whisper conditions on: faster-whisper's `initial_prompt` and `hotwords`."""
@@ -268,18 +283,6 @@ class WhisperSTT:
 
     # -------------------------------------------------------------- sync
 
-    def _check_audio(self, audio: np.ndarray, sample_rate: int) -> np.ndarray:
-        if sample_rate != STT_RATE:
-            raise AudioFormatError(
-                f"Whisper needs {STT_RATE} Hz audio, got {sample_rate} Hz: resample first "
-                f"(voice.audio.resample(pcm, {sample_rate}, {STT_RATE}))")
-        audio = np.asarray(audio)
-        if audio.ndim != 1:
-            raise AudioFormatError(f"expected mono 1-D audio, got shape {audio.shape}")
-        if audio.dtype == np.int16:
-            audio = audio.astype(np.float32) / 32768.0
-        return audio.astype(np.float32, copy=False)
-
     @property
     def prompt(self) -> WhisperPrompt:
         """The engine's default conditioning text."""
@@ -358,7 +361,7 @@ class WhisperSTT:
         When the prompted transcript looks written by the prompt (`prompt_suspect`), the
         utterance is decoded again without it, so a prompt never turns noise into words.
         """
-        audio = self._check_audio(audio, sample_rate)
+        audio = stt_audio(audio, sample_rate, "Whisper")
         prompt = self.prompt if prompt is None else prompt
         t0 = time.perf_counter()
         audio_s = len(audio) / STT_RATE
