@@ -22,6 +22,7 @@ from llm.engine import SpeculativeEngine
 from llm.model import forward, new_cache
 from llm.sampling import warp
 from llm.types import Constraint, SamplingParams
+from test_engine_sampling import engine_tv
 
 SCHEMA = {
     "type": "object",
@@ -325,20 +326,7 @@ def exact_masked_distribution(eng, prompt, constraint, params, length=3):
 def sampled_tv(eng, prompt, constraint, ngram_min_n=None):
     params = SamplingParams(max_new_tokens=3, constraint=constraint, **PARAMS)
     joint = exact_masked_distribution(eng, prompt, constraint, params)
-    eng.warm_prefix(prompt[:-1])
-    gen = torch.Generator().manual_seed(99)
-    counts = collections.Counter()
-    drafted = 0
-    for _ in range(N_SAMPLES):
-        seed = int(torch.randint(0, 2**31, (), generator=gen))
-        conv = eng.new_conversation(seed=seed)
-        if ngram_min_n is not None:
-            conv.drafters = [NgramDrafter(min_n=ngram_min_n)]
-        ids, _, stats = eng.generate(prompt, SamplingParams(3, params.temperature, params.top_k, 1.0, seed, constraint=constraint), conv)
-        counts[tuple(ids)] += 1
-        drafted += stats.drafted
-    distance = 0.5 * sum(abs(counts.get(k, 0) / N_SAMPLES - joint.get(k, 0.0)) for k in set(joint) | set(counts))
-    return distance, drafted
+    return engine_tv(eng, prompt, params, n=N_SAMPLES, min_n=ngram_min_n, joint=joint)
 
 
 @pytest.mark.slow

@@ -121,12 +121,15 @@ def exact_distribution(model, prompt, params, length=3):
     return out
 
 
-def engine_tv(eng, prompt, params, n=3000, min_n=None):
-    """TV between the engine's samples of its first 3 tokens and the exact distribution.
+def engine_tv(eng, prompt, params, n=3000, min_n=None, joint=None):
+    """TV between the engine's samples of its first 3 tokens and the exact distribution
+    (`joint`; by default the target's own, from `exact_distribution`). Sampled under
+    `params.constraint` when it has one (tests/test_constrained.py).
 
     Token 1 comes from the prefill; tokens 2 and 3 from the first speculative pass (one
     draft verified, then the correction or bonus token)."""
-    joint = exact_distribution(eng.target.model, prompt, params)
+    if joint is None:
+        joint = exact_distribution(eng.target.model, prompt, params)
     eng.warm_prefix(prompt[:-1])  # each sample copies the prompt's K/V instead of recomputing it
     gen = torch.Generator().manual_seed(99)
     counts = collections.Counter()
@@ -136,7 +139,8 @@ def engine_tv(eng, prompt, params, n=3000, min_n=None):
         conv = eng.new_conversation(seed=seed)
         if min_n is not None:
             conv.drafters = [NgramDrafter(min_n=min_n)]
-        ids, _, stats = eng.generate(prompt, SamplingParams(3, params.temperature, params.top_k, 1.0, seed), conv)
+        ids, _, stats = eng.generate(prompt, SamplingParams(3, params.temperature, params.top_k, 1.0, seed,
+                                                            constraint=params.constraint), conv)
         counts[tuple(ids)] += 1
         drafted += stats.drafted
     # Outcomes the target can never produce count with their whole mass.
