@@ -73,8 +73,7 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
 
     What was chosen, and what the controller expected of it, is left in
     `controller.last_choice` for the pass's record (GenerationStats.trace)."""
-    controller.last_choice = {"source": "none", "g": 0, "expected_rate": controller.plain_rate(),
-                              "plain_rate": controller.plain_rate(), "extra_s": 0.0}
+    controller.last_choice = {"expected_rate": None, "extra_s": 0.0}
     offers: list[tuple[float, Proposal | None, Drafter | None, int, float]] = []
     for d in drafters:
         if d.name in FREE_DRAFTERS:
@@ -96,8 +95,8 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
     if controller.fixed is None:
         offers.sort(key=lambda o: o[0], reverse=True)
     rate, proposal, drafter, g, extra = offers[0]
-    controller.last_choice.update(source=proposal.source if proposal is not None else drafter.name, g=g,
-                                  expected_rate=rate, extra_s=extra)
+    # A fixed gamma has no expected rate (the controller does not choose): none recorded.
+    controller.last_choice = {"expected_rate": None if rate == float("inf") else rate, "extra_s": extra}
     if proposal is not None:
         return proposal
     steps = getattr(drafter, "propose_steps", None)
@@ -267,7 +266,6 @@ def speculative_stream(
         verdict, info = runner.run(prepare, finish, hint)
         proposal = box["proposal"]
         drafts = proposal.tokens
-        choice = controller.last_choice if drafts else {"source": "none", "g": 0}
         # What this conversation brings to a pass, for the others' gamma until it prepares its next.
         hint = Load(rows=len(drafts) + 1, tokens=controller.expected(proposal.source, len(drafts)), draft_s=box["draft_s"])
         # Roll back: keep pending + accepted drafts; the rest of the cache is stale.
@@ -293,11 +291,12 @@ def speculative_stream(
         stats.trace.append({
             "g": len(drafts), "source": proposal.source if drafts else "none", "accepted": len(kept),
             "draft_s": round(box["draft_s"], 5), "verify_s": round(info.seconds, 5), "rows": info.rows,
-            "expected_rate": round(choice.get("expected_rate", 0.0), 3) if drafts else None,
+            "expected_rate": None if not drafts or controller.last_choice["expected_rate"] is None
+            else round(controller.last_choice["expected_rate"], 3),
             "plain_rate": round(1.0 / controller.verify.cost(1), 3),
             "estimated_verify_s": round(controller.verify.cost(info.rows), 5),
             "acceptance_estimate": round(controller.stats(proposal.source).estimate, 3) if drafts else None,
-            "catch_up_s": round(choice.get("extra_s", 0.0), 5) if drafts else 0.0,
+            "catch_up_s": round(controller.last_choice["extra_s"], 5) if drafts else 0.0,
         })
         for d in drafters:
             d.accepted(len(kept))
