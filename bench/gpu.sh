@@ -90,7 +90,7 @@ if "$PY" - > "$OUT/bench-llm-models.txt" 2>&1 <<'EOF'
 import sys
 from pathlib import Path
 from pipeline.config import load_config
-from pipeline.models import resolve_model
+from modelstore import resolve_model
 cfg = load_config(None).llm
 try:
     paths = [resolve_model(cfg.target), resolve_model(cfg.draft)]

@@ -87,7 +87,7 @@ class OpenAIChatBackend:
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self.last_stats: GenerationStats | None = None  # of the latest stream()
-        # OpenAI "tools" entries sent with every request (pipeline.tools.TOOL_SCHEMAS).
+        # OpenAI "tools" entries sent with every request (pipeline.receptionist.tools.TOOL_SCHEMAS).
         self.tools = list(tools) if tools else None
         # The latest stream()'s tool calls from `delta.tool_calls`, once it finished; None
         # when the server sent none (or the stream was cancelled before the end).

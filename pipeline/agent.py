@@ -15,7 +15,6 @@ so it stays a prefix), and each call gets its own `ToolBox` (`new_toolbox(call_i
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,9 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llm.types import LLMBackend, SamplingParams
-from pipeline.business import rules_block
-from pipeline.plan import plan_prompt
 from pipeline.config import Config, LLMConfig
+from pipeline.receptionist.prompt import system_prompt, tool_schemas, tool_values
 from pipeline.ports import SpeechToText, TextToSpeech
 from pipeline.stages.turn_taking import EndOfTurnModel, TurnTaker
 from voice.turn_detector import TurnPolicy
@@ -34,45 +32,15 @@ from voice.endpointer import EndpointConfig, Endpointer
 
 if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
     from llm.engine import SpeculativeEngine
-    from pipeline.bookings import BookingStore
-    from pipeline.tools import ToolBox
+    from pipeline.receptionist.bookings import BookingStore
+    from pipeline.receptionist.tools import ToolBox
     from voice.vad import SileroModel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentModels", "chars_token_count", "endpoint_config", "load_engine", "sampling_params", "system_prompt",
-           "tool_schemas", "tool_values"]
+__all__ = ["AgentModels", "chars_token_count", "endpoint_config", "load_engine", "sampling_params"]
 
 
-def system_prompt(config: Config) -> str:
-    """The system prompt a call uses: the agent's, plus how to use the tools when [tools]
-    is enabled (the chat template adds the schemas; this says when to call them). With the
-    default 1.5B target the schemas alone were not enough: asked to book, it answered from
-    the facts, wrote the call as prose, or inside <tools> tags; with this paragraph it
-    called book_slot and said the result."""
-    if not config.tools.enabled:
-        return config.agent.system_prompt
-    if config.tools.plan:
-        # The plan replaces tool calls (pipeline/plan.py): the facts and rules as without
-        # tools, then how a reply starts. No schemas: ~800 prompt tokens fewer.
-        return f"{config.agent.system_prompt}\n\n{plan_prompt(config.business.open_slots or [])}"
-    base, a = config.agent.system_prompt, config.agent
-    rules = ""
-    if a.prompt_rules and base == a.built_prompt(config.business):
-        # The rules go after the tools paragraph, as rules for questions. Before it (as in a
-        # prompt without tools) they made the 1.5B answer booking requests with the fixed
-        # sentence; dropped, it made false claims on 39% of bench quality's questions. After
-        # it: 9% false claims and more dialogues booked right (bench quality / bench tools,
-        # README). A prompt the user wrote is kept as written.
-        base = a.model_copy(update={"prompt_rules": False}).built_prompt(config.business)
-        rules = "\n\n" + rules_block(config.business, questions_only=True)
-    slots = config.business.open_slots or []
-    example = json.dumps({"name": "book_slot", "arguments": {
-        "slot": slots[-1] if slots else "Monday 9:00 a.m.", "name": "Jo Park"}}, ensure_ascii=False)
-    return (f"{base}\n\nTools: when the caller wants to book a slot, cancel a booking, "
-            "leave a message or speak to a person, reply with only the tool call, for example:\n"
-            f"<tool_call>\n{example}\n</tool_call>\n"
-            "After the tool's result, tell the caller in one short sentence what it says." + rules)
 
 
 def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | None = None) -> SpeculativeEngine:
@@ -80,7 +48,7 @@ def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | N
     model cache, the draft model loaded only for a drafter that uses it. `drafter` and
     `gamma` override the section's (benchmarks compare settings on one engine)."""
     from llm.engine import SpeculativeEngine
-    from pipeline.models import resolve_model
+    from modelstore import resolve_model
 
     drafter = drafter or llm.drafter
     draft = resolve_model(llm.draft) if llm.draft and drafter in ("model", "hybrid") else None
@@ -89,19 +57,8 @@ def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | N
                                   device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens)
 
 
-def tool_values(config: Config) -> dict[str, list[str]]:
-    """Strings a tool argument takes, for drafting calls (llm/call_drafter.py): the
-    business's slot labels, which book_slot's and cancel_booking's "slot" copy."""
-    return {"slot": list(config.business.open_slots or [])}
 
 
-def tool_schemas(config: Config) -> list[dict] | None:
-    """The tools the model is offered: the receptionist's, when [tools] is enabled."""
-    if not config.tools.enabled or config.tools.plan:
-        return None
-    from pipeline.tools import TOOL_SCHEMAS
-
-    return TOOL_SCHEMAS
 
 
 def endpoint_config(config: Config, end_of_turn_model: bool = False) -> EndpointConfig:
@@ -148,7 +105,7 @@ def _threads(config: Config, threads: int | None) -> tuple[int, int, int]:
 
 def load_stt(config: Config, threads: int):
     """The STT engine [stt] names: Moonshine, or faster-whisper (with its window)."""
-    from pipeline.models import resolve_model
+    from modelstore import resolve_model
     from voice.stt import WhisperPrompt, WhisperSTT
 
     if config.stt.engine == "moonshine":
@@ -181,7 +138,7 @@ class AgentModels:
     def load(cls, config: Config, *, threads: int | None = None, warm: bool = True) -> "AgentModels":
         """Load everything the config names. Raises ModelNotFoundError (with the pull
         command) for a model that is not on disk."""
-        from pipeline.models import resolve_model
+        from modelstore import resolve_model
         from voice.tts import load_tts
         from voice.vad import SileroModel
 
@@ -240,7 +197,7 @@ class AgentModels:
         """One call's tools (None when [tools] is off)."""
         if self.bookings is None:
             return None
-        from pipeline.tools import ToolBox
+        from pipeline.receptionist.tools import ToolBox
 
         return ToolBox(self.bookings, call_id, caller)
 
@@ -261,7 +218,7 @@ def open_bookings(config: Config) -> BookingStore | None:
     it cannot be opened), seeded with the business's open slots while it has none."""
     if not config.tools.enabled:
         return None
-    from pipeline.bookings import open_store
+    from pipeline.receptionist.bookings import open_store
 
     return open_store(config.tools.database, open_slots=config.business.open_slots)
 
@@ -271,7 +228,7 @@ def load_end_of_turn(config: Config) -> EndOfTurnModel | None:
     error naming the pull command, or with turn.fallback_to_silence a warning and None."""
     if config.turn.mode != "smart_turn":
         return None
-    from pipeline.models import ModelNotFoundError, resolve_model
+    from modelstore import ModelNotFoundError, resolve_model
     from voice.errors import ModelLoadError
     from voice.turn_detector import TurnDetector
 

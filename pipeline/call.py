@@ -56,9 +56,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from llm.types import SamplingParams
-from pipeline.agent import chars_token_count, sampling_params, system_prompt, turn_taker
+from pipeline.agent import chars_token_count, sampling_params, turn_taker
+from pipeline.receptionist.prompt import system_prompt
 from pipeline.config import Config
-from pipeline.guard import FactGuard, turn_guard
+from pipeline.receptionist.guard import FactGuard, turn_guard
 from pipeline.mqtt import MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
 from pipeline.report import CallReport, write_report
@@ -152,10 +153,10 @@ class Call:
         self.on_turn = on_turn
         self.on_event = on_event
         self.executor = executor or voice_executor()
-        # The model may call tools (pipeline.tools.ToolBox; the backend renders the schemas).
+        # The model may call tools (pipeline.receptionist.tools.ToolBox; the backend renders the schemas).
         self.toolbox = toolbox
         # The fact guard ([agent] guard): every sentence of the model's checked against the
-        # business's facts and the turn's tool results before TTS (pipeline/guard.py).
+        # business's facts and the turn's tool results before TTS (pipeline/receptionist/guard.py).
         self.guard = FactGuard(config.business) if config.agent.guard else None
         # Silence endpointing unless a turn-taker with an end-of-turn model is given.
         self.turn_taker = turns if turns is not None else turn_taker(config, None, self.executor)

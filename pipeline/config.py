@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.business import BusinessConfig, Layout, Persona, default_business
-from pipeline.business import system_prompt as business_prompt
+from pipeline.receptionist.business import BusinessConfig, Layout, Persona, default_business
+from pipeline.receptionist.business import facts_prompt
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -65,7 +65,7 @@ class LLMConfig(Section):
 
 class AgentConfig(Section):
     """How the agent speaks. What it knows is the [business] section: the system prompt is
-    built from it (pipeline/business.py) unless `system_prompt` is given explicitly."""
+    built from it (pipeline/receptionist/business.py) unless `system_prompt` is given explicitly."""
 
     name: str = ""  # empty: business.name
     # An explicit prompt overrides the one built from [business] (configs written before
@@ -80,14 +80,14 @@ class AgentConfig(Section):
     prompt_persona: Persona = "role"  # "role": the business's receptionist/host/...; "checker": compares before agreeing
     # Budget for the conversation history fed to the LLM; older turns are dropped first.
     history_tokens: int = Field(default=1536, ge=64)
-    # The fact guard (pipeline/guard.py): a sentence is spoken only if the [business] facts or
+    # The fact guard (pipeline/receptionist/guard.py): a sentence is spoken only if the [business] facts or
     # the turn's tool results support it; else a correction or the fallback is said. On in
     # configs/default.toml; off here so that a config without [business] facts (an explicit
     # system_prompt) is not judged against the default business.
     guard: bool = False
 
     def built_prompt(self, business: BusinessConfig) -> str:
-        return business_prompt(business, self.prompt_layout, self.prompt_rules, self.prompt_examples, self.prompt_persona)
+        return facts_prompt(business, self.prompt_layout, self.prompt_rules, self.prompt_examples, self.prompt_persona)
 
 
 class STTConfig(Section):
@@ -239,8 +239,8 @@ class MQTTConfig(Section):
 
 
 class ToolsConfig(Section):
-    """`[tools]`: the agent's tools (booking, messages, transfer; pipeline/tools.py) and the
-    database they write to (pipeline/bookings.py)."""
+    """`[tools]`: the agent's tools (booking, messages, transfer; pipeline/receptionist/tools.py) and the
+    database they write to (pipeline/receptionist/bookings.py)."""
 
     enabled: bool = False
     # Empty: the SQLite file data/bookings.sqlite under the working directory (made if
@@ -252,7 +252,7 @@ class ToolsConfig(Section):
     # messages, only in what the caller heard. Empty: silence until the answer.
     hold_line: str = "One moment, please."
     # Decide each turn as a constrained plan ({"act": "book", "slot": <an open slot>, ...},
-    # pipeline/plan.py), act on it through the database, then say what it did, instead of
+    # pipeline/receptionist/plan.py), act on it through the database, then say what it did, instead of
     # the model writing tool calls. The prompt then carries no tool schemas.
     plan: bool = False
 

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.agent import sampling_params, system_prompt
+from pipeline.agent import sampling_params
+from pipeline.receptionist.prompt import system_prompt
 from pipeline.config import Config
-from pipeline.guard import FactGuard, turn_guard
+from pipeline.receptionist.guard import FactGuard, turn_guard
 from pipeline.ports import LLMBackend
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.respond import respond

@@ -62,7 +62,7 @@ class LLMResult:
     # The hold line ([tools] hold_line, "One moment, please.") spoken when the model began a
     # tool call before saying anything: its monotonic time, None if not spoken.
     hold_line_t: float | None = None
-    # The fact guard's record (pipeline/guard.py): each sentence of the model's not spoken,
+    # The fact guard's record (pipeline/receptionist/guard.py): each sentence of the model's not spoken,
     # why, and what was said instead ({"sentence", "why", "said"}).
     guarded: list[dict] = field(default_factory=list)
     # The turn's plan ([tools] plan, pipeline/stages/plan_step.py): act, slot, name, ...

@@ -65,7 +65,7 @@ def require_models() -> bool:
 
 def require_model(name: str) -> Path:
     """The pulled model's folder, or skip (fail under SPECVOICE_REQUIRE_MODELS=1)."""
-    from pipeline.models import is_present, model_dir
+    from modelstore import is_present, model_dir
 
     if not is_present(name):
         reason = f"model {name!r} not pulled into {model_dir(name)}: run `specvoice models pull {name}`"

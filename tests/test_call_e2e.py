@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _present() -> bool:
-    from pipeline.models import is_present
+    from modelstore import is_present
 
     return all(is_present(n) for n in (SMALL, "whisper-tiny.en", "piper-joe-medium"))
 

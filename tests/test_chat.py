@@ -14,11 +14,11 @@ import pytest
 
 from callfakes import ScriptedBackend
 from demo.cli import main
-from pipeline.bookings import open_store
+from pipeline.receptionist.bookings import open_store
 from pipeline.config import load_config
 from pipeline.conversation import TextConversation
-from pipeline.guard import FactGuard
-from pipeline.tools import ToolBox
+from pipeline.receptionist.guard import FactGuard
+from pipeline.receptionist.tools import ToolBox
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from demo.cli import COMMANDS, build_parser, main
-from pipeline import models
+import modelstore as models
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("llm", "voice", "pipeline", "demo")

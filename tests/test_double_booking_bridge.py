@@ -46,8 +46,8 @@ from callfakes import (
     report_of,
     wait_for,
 )
-from pipeline.bookings import open_store
-from pipeline.tools import ToolBox
+from pipeline.receptionist.bookings import open_store
+from pipeline.receptionist.tools import ToolBox
 from pipeline.transports.telephony.adapter import caller_id
 from pipeline.transports.telephony.protocol import Start
 

@@ -328,7 +328,7 @@ def test_missing_model_at_start_is_a_clear_error(tmp_path, monkeypatch, capsys):
     from demo.cli import main
     from pipeline.agent import AgentModels
     from pipeline.config import load_config
-    from pipeline.models import ModelNotFoundError
+    from modelstore import ModelNotFoundError
 
     monkeypatch.setenv("SPECVOICE_HOME", str(tmp_path / "empty-home"))
     monkeypatch.setenv("SPECVOICE_BRIDGE_TOKEN", "t0ken-for-this-test")
@@ -345,7 +345,7 @@ def test_model_file_deleted_from_cache_is_a_clear_error(tmp_path, monkeypatch):
     """A pulled model whose weights file went missing: the error names the file."""
     import shutil
 
-    from pipeline.models import is_present, model_dir
+    from modelstore import is_present, model_dir
     from voice.stt import WhisperSTT
 
     if not is_present("whisper-tiny.en"):
@@ -354,7 +354,7 @@ def test_model_file_deleted_from_cache_is_a_clear_error(tmp_path, monkeypatch):
     shutil.copytree(model_dir("whisper-tiny.en"), home / "models" / "whisper-tiny.en")
     monkeypatch.setenv("SPECVOICE_HOME", str(home))
     (home / "models" / "whisper-tiny.en" / "model.bin").unlink()
-    from pipeline.models import resolve_model
+    from modelstore import resolve_model
 
     with pytest.raises(Exception) as info:
         WhisperSTT(resolve_model("whisper-tiny.en"))

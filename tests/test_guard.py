@@ -1,4 +1,4 @@
-"""The fact guard (pipeline/guard.py): each rule with a true and a false sentence, agreement
+"""The fact guard (pipeline/receptionist/guard.py): each rule with a true and a false sentence, agreement
 with a false premise, the corrections, one turn's record, the guard inside a turn (the
 respond stage, the call's report), and no false positive on any answer `bench quality`
 scored correct (the saved answers of bench/results/quality-*.json)."""
@@ -16,13 +16,13 @@ import pytest
 
 from callfakes import FakeModels, ScriptedBackend, ScriptedSTT, ToneTTS
 from llm.types import SamplingParams
-from pipeline.bookings import open_store
-from pipeline.business import FALLBACK, BusinessConfig, default_business
-from pipeline.guard import FactGuard, Support, TurnGuard, normalize
+from pipeline.receptionist.bookings import open_store
+from pipeline.receptionist.business import FALLBACK, BusinessConfig, default_business
+from pipeline.receptionist.guard import FactGuard, Support, TurnGuard, normalize
 from pipeline.sentences import SentenceSplitter, split_sentences
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
-from pipeline.tools import ToolBox
+from pipeline.receptionist.tools import ToolBox
 from pipeline.turn import BargeIn, LLMResult
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import models
-from pipeline.models import FilePlan, ModelSpec
+import modelstore as models
+from modelstore import FilePlan, ModelSpec
 
 
 # ---------------------------------------------------------------- helpers

@@ -247,7 +247,7 @@ def test_moonshine_cost_follows_the_audio():
 
 
 def test_agent_builds_moonshine_with_the_vocabulary(monkeypatch):
-    import pipeline.models
+    import modelstore
     import voice.moonshine
     import voice.stt
     import voice.tts
@@ -271,7 +271,7 @@ def test_agent_builds_moonshine_with_the_vocabulary(monkeypatch):
     monkeypatch.setattr(voice.stt, "WhisperSTT", RecordingWhisper)
     monkeypatch.setattr(voice.tts, "load_tts", lambda *a, **k: object())
     monkeypatch.setattr(voice.vad, "SileroModel", lambda: object())
-    monkeypatch.setattr(pipeline.models, "resolve_model", lambda name, kind=None: f"/models/{name}")
+    monkeypatch.setattr(modelstore, "resolve_model", lambda name, kind=None: f"/models/{name}")
     AgentModels.load(Config.model_validate({"llm": {"backend": "openai"},
                                             "stt": {"engine": "moonshine", "vocabulary": ["Aetna"]}}), warm=False)
     assert built["cls"] == "RecordingMoonshine" and built["path"] == "/models/moonshine-base-en"
@@ -294,7 +294,7 @@ def test_transcribe_command_takes_the_engine(capsys):
 def test_default_config_uses_moonshine_with_the_business_vocabulary():
     """The default chosen by `specvoice bench voice --engines` (README "Choosing the STT")."""
     from pipeline.config import load_config
-    from pipeline.models import CATALOG
+    from modelstore import CATALOG
 
     stt = load_config().stt
     assert stt.engine == "moonshine" and CATALOG[stt.model_for_engine].kind == "stt"
@@ -303,7 +303,7 @@ def test_default_config_uses_moonshine_with_the_business_vocabulary():
 
 
 def test_catalog_pins_every_moonshine_file_and_converts_the_two_ort_files():
-    from pipeline.models import CATALOG, DEFAULT_ORDER
+    from modelstore import CATALOG, DEFAULT_ORDER
 
     spec = CATALOG["moonshine-base-en"]
     assert spec.kind == "stt" and spec.packages == ("moonshine-cpp==0.1.4",)
@@ -317,7 +317,7 @@ def test_pull_without_onnx_says_how_to_fix(monkeypatch, tmp_path):
     """The conversion's dependency missing: a PullError naming the fix, before any work."""
     import builtins
 
-    import pipeline.models as models
+    import modelstore as models
 
     real_import = builtins.__import__
 

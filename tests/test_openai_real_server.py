@@ -231,7 +231,7 @@ async def _play_whole_call(server: LlamaServer, alias: str, predicted, tmp_path:
     from callfakes import wait_for
 
     from demo.caller import SimulatedCaller, prepare_lines
-    from pipeline.models import resolve_model
+    from modelstore import resolve_model
     from pipeline.report import load_report
     from voice.tts import load_tts
 

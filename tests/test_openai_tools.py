@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from llm.openai_backend import OpenAIChatBackend, streamed_tool_parse, wire_messages
 from llm.tool_calls import ToolCall
 from llm.types import SamplingParams
-from pipeline.bookings import open_store
+from pipeline.receptionist.bookings import open_store
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.respond import respond
 from pipeline.stages.tools_step import FALLBACK
 from pipeline.timeline import TurnTimeline
-from pipeline.tools import TOOL_SCHEMAS, ToolBox
+from pipeline.receptionist.tools import TOOL_SCHEMAS, ToolBox
 from pipeline.turn import BargeIn, LLMResult
 
 pytestmark = pytest.mark.timeout(120)
@@ -355,7 +355,7 @@ async def test_real_server_turn_books_the_slot_in_sqlite(qwen, tmp_path):
     book_slot on SQLite, the result sent back, the model's answer."""
     import time
 
-    from pipeline.agent import system_prompt, tool_schemas
+    from pipeline.receptionist.prompt import system_prompt, tool_schemas
 
     cfg = tools_config(tmp_path)
     store = open_store(cfg.tools.database, open_slots=cfg.business.open_slots)

@@ -28,7 +28,7 @@ SMALL = "smollm2-135m-instruct"
 
 
 def _present(*names: str) -> bool:
-    from pipeline.models import is_present
+    from modelstore import is_present
 
     return all(is_present(n) for n in names)
 

@@ -1,4 +1,4 @@
-"""The turn plan (pipeline/plan.py, pipeline/stages/plan_step.py): its grammar, parsing,
+"""The turn plan (pipeline/receptionist/plan.py, pipeline/stages/plan_step.py): its grammar, parsing,
 acting through the real ToolBox on SQLite, and a whole plan turn through the respond
 stage with a scripted backend (what the model writes is scripted; what the database and
 the turn do with it is real). A slot taken between the plan and the booking is refused
@@ -13,13 +13,13 @@ import pytest
 
 from callfakes import ScriptedBackend
 from llm.types import SamplingParams
-from pipeline.bookings import open_store
-from pipeline.plan import OTHER_SLOT, Plan, act, parse_plan, plan_grammar
+from pipeline.receptionist.bookings import open_store
+from pipeline.receptionist.plan import OTHER_SLOT, Plan, act, parse_plan, plan_grammar
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.plan_step import PlanFilter
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
-from pipeline.tools import ToolBox
+from pipeline.receptionist.tools import ToolBox
 from pipeline.turn import BargeIn, LLMResult
 
 SLOTS = ["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno", "Friday 9:00 a.m. with Dr. Patel"]
@@ -231,7 +231,7 @@ async def test_constrained_plan_is_valid_by_construction_and_names_only_open_slo
     from llm.constrain import check_text
     from llm.engine import SpeculativeEngine
     from llm.types import Constraint
-    from pipeline.plan import ACTS
+    from pipeline.receptionist.plan import ACTS
     from pipeline.stages.plan_step import PLAN_FAILED
 
     torch.set_num_threads(1)

@@ -492,7 +492,7 @@ class StubTools:
         self.runs = 0
 
     def run(self, name, arguments):
-        from pipeline.tools import ToolOutcome
+        from pipeline.receptionist.tools import ToolOutcome
 
         self.runs += 1
         return ToolOutcome(name, {}, True, {"free": ["Tuesday 10:30"]}, None, 0.1)

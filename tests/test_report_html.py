@@ -455,11 +455,11 @@ def tool_call_report(tmp_path: Path) -> dict:
     Zoë (already booked), then checks the slots; turn 2 calls an unknown tool, takes a
     message and transfers. Start/end are fixed offsets (the waterfall is then the same
     on any machine); elapsed_ms is the tool's own measurement, compared as recorded."""
-    from pipeline.bookings import open_store
+    from pipeline.receptionist.bookings import open_store
     from pipeline.config import Config
     from pipeline.report import CallReport, load_report, write_report
     from pipeline.timeline import TurnTimeline
-    from pipeline.tools import ToolBox
+    from pipeline.receptionist.tools import ToolBox
 
     call = CallReport.from_config("call-tools", Config())
     t0 = call.t0

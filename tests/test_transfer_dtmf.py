@@ -33,11 +33,11 @@ from callfakes import (
     report_of,
     wait_for,
 )
-from pipeline.bookings import open_store
+from pipeline.receptionist.bookings import open_store
 from pipeline.config import BridgeConfig, PipelineConfig
 from pipeline.stages.listen import MAX_KEYS, KeyPress, Keypad, KeypadEntry
 from pipeline.stages.tools_step import ACTION_LINES
-from pipeline.tools import ToolBox
+from pipeline.receptionist.tools import ToolBox
 from pipeline.transports.telephony.adapter import NoTransferLine
 from pipeline.transports.telephony.auth import BridgeTokens, twilio_signature
 from pipeline.transports.telephony.protocol import Dtmf, encode_event

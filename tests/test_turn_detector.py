@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import require_model
-from pipeline import models
+import modelstore as models
 from voice.audio import STT_RATE, resample
 from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError
 from voice.turn_detector import (

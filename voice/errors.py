@@ -15,7 +15,7 @@ def _pull_command(name: str) -> str:
     return f"run `specvoice models pull {name}`"
 
 
-STORE_MANIFEST = "specvoice-model.json"  # written by the model store (pipeline/models.py) into each pulled folder
+STORE_MANIFEST = "specvoice-model.json"  # written by the model store (modelstore.py) into each pulled folder
 
 
 def pull_hint_for(folder: str | Path, expected: str = "a model folder") -> str:
@@ -24,7 +24,7 @@ def pull_hint_for(folder: str | Path, expected: str = "a model folder") -> str:
     A folder the model store pulled carries its manifest, which names the catalog model;
     the store skips a model whose manifest exists, so the fix is to delete the folder and
     pull again. A catalog model that was never pulled is refused before it gets here
-    (pipeline.models.resolve_model names the pull), so any other folder was given by hand
+    (modelstore.resolve_model names the pull), so any other folder was given by hand
     and no pull can make it: say what is expected instead (`expected`).
     """
     import json

@@ -124,7 +124,7 @@ class TurnDetector:
 
     @classmethod
     def load(cls, path: str | Path, threads: int = 1, threshold: float = DEFAULT_THRESHOLD) -> TurnDetector:
-        """`path`: the ONNX file or the model folder (`pipeline.models.resolve_model("smart-turn-v3.2")`)."""
+        """`path`: the ONNX file or the model folder (`modelstore.resolve_model("smart-turn-v3.2")`)."""
         file = model_file(path)
         import onnxruntime as ort
 

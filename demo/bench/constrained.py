@@ -101,8 +101,8 @@ def call_schema(tools: list[dict], slots: list[str]) -> dict:
 
 
 def build_tasks(engine, config, limit: int | None) -> list[Task]:
-    from pipeline.agent import system_prompt
-    from pipeline.tools import TOOL_SCHEMAS
+    from pipeline.receptionist.prompt import system_prompt
+    from pipeline.receptionist.tools import TOOL_SCHEMAS
 
     tools_config = config.model_copy(update={"tools": config.tools.model_copy(update={"enabled": True, "plan": False})})
     system = system_prompt(tools_config)

@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
     from llm.engine import SpeculativeEngine, time_steps
     from pipeline.config import load_config
-    from pipeline.models import resolve_model
+    from modelstore import resolve_model
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]

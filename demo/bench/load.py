@@ -514,7 +514,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.bridge or args.spawn:
         return run_bridges(args)
-    from pipeline.models import ModelNotFoundError
+    from modelstore import ModelNotFoundError
 
     report_dir = args.reports or Path(tempfile.mkdtemp(prefix="specvoice-load-"))
     cfg = load_bench_config(args, report_dir)
@@ -976,7 +976,7 @@ def run_bridges(args: argparse.Namespace) -> int:
     try:
         from demo.caller import prepare_lines
         from pipeline.config import load_config
-        from pipeline.models import resolve_model
+        from modelstore import resolve_model
         from voice.tts import load_tts
 
         voice = load_config(args.config).tts.voice if args.config else "piper-joe-medium"

@@ -4,7 +4,7 @@ A fact-checked question set (demo/data/quality.json) over the four demo business
 (demo/data/businesses/*.toml) is put to the agent, greedy. Each answer is checked by
 rules, never by another model: every `must` fact has to be there (any one of its
 alternatives) and no `must_not` claim may match. Prompts are built by the same builder
-a call uses (pipeline/business.py), so a prompt option measured here is the option a
+a call uses (pipeline/receptionist/business.py), so a prompt option measured here is the option a
 call gets.
 """
 
@@ -96,9 +96,9 @@ VARIANTS: dict[str, dict | None] = {
     # the tools paragraph, then the rules for questions) with the tool schemas in the chat template; the
     # answer is what the caller would hear (text before a tool call), and a tool call is counted.
     "tools": {},
-    # The config's prompt through the call's turn loop with the fact guard (pipeline/guard.py).
+    # The config's prompt through the call's turn loop with the fact guard (pipeline/receptionist/guard.py).
     "guard": {},
-    # As "guard", with [tools] plan: each turn a constrained plan first (pipeline/plan.py), the
+    # As "guard", with [tools] plan: each turn a constrained plan first (pipeline/receptionist/plan.py), the
     # answer after it, on a fresh database seeded with the business's slots.
     "plan": {},
 }
@@ -258,7 +258,7 @@ def load_questions(path: Path = QUESTIONS) -> tuple[list[Question], dict]:
 
 def load_business(key: str, data: dict, root: Path = QUESTIONS.parent):
     """Business `key` of the question set, from its TOML file (relative to the set's folder)."""
-    from pipeline.business import BusinessConfig
+    from pipeline.receptionist.business import BusinessConfig
 
     path = root / data["businesses"][key]["config"]
     return BusinessConfig.model_validate(tomllib.loads(path.read_text(encoding="utf-8"))["business"])
@@ -279,7 +279,7 @@ def variant_prompts(variant: str, agent, data: dict, root: Path = QUESTIONS.pare
 
 def tools_prompt(agent, business, plan: bool = False) -> str:
     """The system prompt of a call on `business` with [tools] enabled (and `plan`)."""
-    from pipeline.agent import system_prompt
+    from pipeline.receptionist.prompt import system_prompt
     from pipeline.config import Config, ToolsConfig
 
     built = agent.model_copy(update={"system_prompt": agent.built_prompt(business)})
@@ -306,7 +306,7 @@ def answer(engine, prompt: list[int], params, tools: bool = False) -> Answer:
     held back from the caller, as llm/tool_calls.py does on a call) and the call is noted."""
     from demo.bench.llm import FirstSentenceClock
     from llm.tool_calls import ToolCallFilter
-    from pipeline.tools import TOOLS
+    from pipeline.receptionist.tools import TOOLS
 
     conv = engine.new_conversation()
     filt = ToolCallFilter(tool_names=frozenset(TOOLS)) if tools else None
@@ -406,7 +406,7 @@ def rescore(args: argparse.Namespace) -> int:
 def guarded_variant(entry: dict, by_id: dict[str, Question], questions: Path) -> dict:
     """A saved variant's answers as the fact guard lets them through, re-checked. The guard
     sees what it sees on a call: the caller's line, the caller's earlier lines, the facts."""
-    from pipeline.guard import FactGuard, TurnGuard
+    from pipeline.receptionist.guard import FactGuard, TurnGuard
     from pipeline.sentences import split_sentences
 
     data = json.loads(questions.read_text(encoding="utf-8"))
@@ -451,8 +451,8 @@ def turn_answer(engine, config, business, q: Question, prompt: str, plan: bool =
     `plan`: with [tools] plan and a ToolBox on a fresh SQLite file seeded with the slots."""
     import tempfile
 
-    from pipeline.bookings import open_store
-    from pipeline.tools import ToolBox
+    from pipeline.receptionist.bookings import open_store
+    from pipeline.receptionist.tools import ToolBox
 
     if not plan:
         return _turn_answer(engine, config, business, q, prompt, None)
@@ -469,7 +469,7 @@ def _turn_answer(engine, config, business, q: Question, prompt: str, box):
 
     from llm.backend import SpeculativeBackend
     from pipeline.conversation import TextConversation
-    from pipeline.guard import FactGuard
+    from pipeline.receptionist.guard import FactGuard
 
     if box is not None:
         config = config.model_copy(update={"business": business, "tools": config.tools.model_copy(
@@ -503,7 +503,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pipeline.agent import load_engine, sampling_params
     from pipeline.config import load_config
-    from pipeline.tools import TOOL_SCHEMAS
+    from pipeline.receptionist.tools import TOOL_SCHEMAS
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]

@@ -89,7 +89,7 @@ def _items(line, tts) -> list[tuple[str, str, str | None, "object"]]:
 def run_engines(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pipeline.models import ModelNotFoundError, resolve_model
+    from modelstore import ModelNotFoundError, resolve_model
     from voice.moonshine import MoonshineSTT
     from voice.mulaw import phone_roundtrip
     from voice.stt import WhisperPrompt, WhisperSTT

@@ -52,8 +52,8 @@ each against a fresh temporary SQLite database, and checks by rules:
                did (must be 0)
 
 The turn loop is the call's: with [tools] plan each turn is a constrained plan acted on
-through the database (pipeline/plan.py), and with [agent] guard every sentence goes
-through the fact guard (pipeline/guard.py), as on a call with that config.
+through the database (pipeline/receptionist/plan.py), and with [agent] guard every sentence goes
+through the fact guard (pipeline/receptionist/guard.py), as on a call with that config.
 
 Latency: first-sentence latency (the request to the first sentence handed to TTS, median)
 of turns with a tool call vs turns without; the target is that a tool turn adds at most
@@ -117,7 +117,7 @@ def resolve_slot(text: Any, labels: list[str]) -> str | None:
     """The configured slot `text` names, read as BookingStore.find_slot reads it (its
     label loosely: case, dots, ":00"; or the one label containing it); None if none or
     several. The bench must not be stricter than the database the agent writes to."""
-    from pipeline.bookings import _normal  # the database's own loose form, so the two cannot drift
+    from pipeline.receptionist.bookings import _normal  # the database's own loose form, so the two cannot drift
 
     if not isinstance(text, str) or not text.strip():
         return None
@@ -133,7 +133,7 @@ def dialogue_problems(dialogues: list[Dialogue], labels: list[str]) -> list[str]
     """What is wrong with the set against the business's slots (empty when well-formed):
     every slot it names must be a configured one, except those it declares non-existent,
     which must name none."""
-    from pipeline.tools import TOOLS
+    from pipeline.receptionist.tools import TOOLS
 
     problems = []
     ids = Counter(d.id for d in dialogues)
@@ -321,8 +321,8 @@ class Setup:
     first_clause: bool = False
     first_clause_min_words: int = 6
     hold_line: str = ""  # [tools] hold_line: said when a tool call begins before any words
-    plan: bool = False  # [tools] plan: each turn a constrained plan, acted on (pipeline/plan.py)
-    guard: Any = None  # pipeline.guard.FactGuard ([agent] guard), or None
+    plan: bool = False  # [tools] plan: each turn a constrained plan, acted on (pipeline/receptionist/plan.py)
+    guard: Any = None  # pipeline.receptionist.guard.FactGuard ([agent] guard), or None
 
 
 async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dict], None] = lambda t: None) -> dict:
@@ -330,11 +330,11 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
     `store` (seeded already). The call ends early when a tool asks it to (transfer, end
     call). Returns the turns and the final database state, as JSON."""
     from pipeline.agent import chars_token_count
-    from pipeline.guard import claimed_actions, turn_guard
+    from pipeline.receptionist.guard import claimed_actions, turn_guard
     from pipeline.sentences import SentenceSplitter
     from pipeline.stages.respond import respond
     from pipeline.timeline import TurnTimeline
-    from pipeline.tools import ToolBox
+    from pipeline.receptionist.tools import ToolBox
     from pipeline.turn import BargeIn, History, LLMResult
 
     history = History(setup.system_prompt, setup.history_tokens, setup.count_tokens or chars_token_count)
@@ -407,7 +407,7 @@ async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dic
 
 def seeded_store(path: Path, d: Dialogue, labels: list[str]):
     """A fresh database for `d`: the business's slots, and the bookings made before the call."""
-    from pipeline.bookings import open_store
+    from pipeline.receptionist.bookings import open_store
 
     store = open_store(path, open_slots=labels)
     for s in d.seed:
@@ -582,8 +582,9 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
     from tqdm import tqdm
 
     from llm.backend import SpeculativeBackend
-    from pipeline.agent import load_engine, sampling_params, system_prompt, tool_schemas, tool_values
-    from pipeline.guard import FactGuard
+    from pipeline.agent import load_engine, sampling_params
+    from pipeline.receptionist.prompt import system_prompt, tool_schemas, tool_values
+    from pipeline.receptionist.guard import FactGuard
 
     # The tools on, as `[tools] enabled = true` gives a call: the same prompt paragraph and schemas.
     config = config.model_copy(update={"tools": config.tools.model_copy(update={"enabled": True})})

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from pipeline.models import ModelNotFoundError, resolve_model
+    from modelstore import ModelNotFoundError, resolve_model
     from voice.audio import frames
     from voice.endpointer import Endpointer
     from voice.mulaw import phone_roundtrip
@@ -341,7 +341,7 @@ def piper_audio(tts, text: str, flat: bool) -> tuple["np.ndarray", int]:
 def run_vocabulary(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pipeline.models import ModelNotFoundError, resolve_model
+    from modelstore import ModelNotFoundError, resolve_model
     from voice.audio import resample
     from voice.mulaw import phone_roundtrip
     from voice.stt import VOCABULARY_MODES, WhisperPrompt, WhisperSTT

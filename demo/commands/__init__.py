@@ -20,7 +20,7 @@ def load_models_or_exit(config, prog: str, **kwargs):
     """The agent's models (LLM, Whisper, Piper, VAD), or why not and exit status 1: a
     missing model's error names the pull command."""
     from pipeline.agent import AgentModels
-    from pipeline.models import ModelNotFoundError
+    from modelstore import ModelNotFoundError
 
     print("loading models...", file=sys.stderr, flush=True)
     try:

@@ -88,7 +88,7 @@ def _export(store, args) -> str:
 
 
 def _empty_fields(table: str) -> list[str]:
-    from pipeline.bookings import Booking, Message
+    from pipeline.receptionist.bookings import Booking, Message
 
     if table == "bookings":
         return list(Booking.__dataclass_fields__)
@@ -98,7 +98,7 @@ def _empty_fields(table: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.bookings import DatabaseError, is_postgres_url, open_store, resolve_database
+    from pipeline.receptionist.bookings import DatabaseError, is_postgres_url, open_store, resolve_database
     from pipeline.config import ConfigError, load_config
 
     try:

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     report_dir = args.report_dir or Path(config.report.dir)
 
-    from pipeline.models import ModelNotFoundError
+    from modelstore import ModelNotFoundError
 
     models = None
     try:
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _caller_tts(config):
     """The caller's own voice, for text lines against a remote bridge."""
-    from pipeline.models import resolve_model
+    from modelstore import resolve_model
     from voice.tts import load_tts
 
     return load_tts("piper", resolve_model(config.tts.voice), threads=1)

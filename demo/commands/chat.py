@@ -94,8 +94,8 @@ def load_agent(config):
     """The language model and the database of `config`, without Whisper or Piper: what a
     call's turn loop uses (the system prompt's K/V computed once, as a call's)."""
     from pipeline.agent import AgentModels, load_engine, open_bookings
-    from pipeline.bookings import DatabaseError
-    from pipeline.models import ModelNotFoundError
+    from pipeline.receptionist.bookings import DatabaseError
+    from modelstore import ModelNotFoundError
 
     print("loading the language model...", file=sys.stderr, flush=True)
     try:
@@ -111,7 +111,7 @@ def load_agent(config):
 
 async def _chat(config, models, conversations, args) -> int:
     from pipeline.conversation import TextConversation
-    from pipeline.guard import FactGuard
+    from pipeline.receptionist.guard import FactGuard
 
     guard = FactGuard(config.business) if config.agent.guard else None
     greeting = "" if args.no_greeting else config.agent.greeting

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from llm.engine import SpeculativeEngine
     from llm.loading import ModelLoadError, TokenizerMismatchError
     from llm.types import SamplingParams
-    from pipeline.models import ModelNotFoundError, resolve_model
+    from modelstore import ModelNotFoundError, resolve_model
 
     drafter = args.drafter or cfg.drafter
     try:

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_verify(names: list[str]) -> int:
-    from pipeline import models
+    import modelstore as models
 
     wanted = names or [n for n in models.default_names() if models.is_present(n)]
     bad = 0
@@ -66,7 +66,7 @@ def run_verify(names: list[str]) -> int:
 
 
 def run_pull(names: list[str], progress: bool = True) -> int:
-    from pipeline import models
+    import modelstore as models
 
     unknown = [n for n in names if n not in models.CATALOG]
     if unknown:
@@ -97,7 +97,7 @@ def format_table(rows: list[list[str]]) -> str:
 
 
 def run_list() -> int:
-    from pipeline import models
+    import modelstore as models
 
     rows = [["NAME", "KIND", "PRESENT", "SIZE", "PATH"]]
     for name, spec in models.CATALOG.items():

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from pipeline.models import ModelNotFoundError, resolve_model
+    from modelstore import ModelNotFoundError, resolve_model
     from voice.audio import resample
     from voice.errors import AudioFormatError, EngineNotInstalledError, ModelLoadError
     from voice.mulaw import phone_roundtrip

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("demo.serve").warning("--insecure: anyone who can reach the port can place calls")
 
     from demo.report_html import render_html
-    from pipeline.models import ModelNotFoundError
+    from modelstore import ModelNotFoundError
     from pipeline.transports.web.agent_server import agent_server
 
     try:

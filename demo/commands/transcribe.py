@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.models import ModelNotFoundError, resolve_model
+    from modelstore import ModelNotFoundError, resolve_model
     from voice.errors import AudioFormatError, ModelLoadError
     from voice.mulaw import phone_roundtrip
     from voice.stt import WhisperPrompt, WhisperSTT

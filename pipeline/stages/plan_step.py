@@ -1,5 +1,5 @@
 """The plan step of a turn ([tools] plan): one constrained generation whose first line is
-the turn's plan (pipeline/plan.py), then the database acts, then the caller hears what
+the turn's plan (pipeline/receptionist/plan.py), then the database acts, then the caller hears what
 it did.
 
     {"act": "answer"}\\nWe're open until 6.     -> the line after the plan is spoken as it comes
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm.tool_calls import ToolCallParse
 from llm.types import Constraint
-from pipeline.plan import Outcome, act, parse_plan, plan_grammar
+from pipeline.receptionist.plan import Outcome, act, parse_plan, plan_grammar
 
 if TYPE_CHECKING:
     from pipeline.stages.respond import AnswerStream

@@ -55,9 +55,9 @@ async def respond(
     """Stream the answer; put each sentence into `sentences`, then None. Fills `result` as
     it goes (text, sentences, finish reason, stats, passes at a barge-in, error, tool calls),
     so that a hang-up mid-answer still leaves what was said; returns it. With `toolbox`
-    (pipeline.tools.ToolBox) the model may call tools between rounds; `hold_line` is said
+    (pipeline.receptionist.tools.ToolBox) the model may call tools between rounds; `hold_line` is said
     when the model starts a call before it said anything (AnswerStream.round). `guard`
-    (pipeline.guard.TurnGuard) judges each of the model's sentences before TTS: it returns
+    (pipeline.receptionist.guard.TurnGuard) judges each of the model's sentences before TTS: it returns
     the sentence, what to say instead, or None (say nothing); our own lines skip it. `plan`
     (with a toolbox): the turn is decided as a constrained plan and acted on
     (stages/plan_step.py) instead of the model calling tools; `caller_text` is its line."""

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llm.tool_calls import ToolCall, ToolCallFilter, ToolCallParse
-from pipeline.tools import TOOLS
+from pipeline.receptionist.tools import TOOLS
 
 if TYPE_CHECKING:
     from pipeline.stages.respond import AnswerStream
@@ -41,7 +41,7 @@ ACTION_LINES = {"transfer": "Let me transfer you now.", "end_call": "Goodbye."}
 
 
 class ToolRunner(Protocol):
-    """What the turn needs of pipeline.tools.ToolBox: run one call, never raise."""
+    """What the turn needs of pipeline.receptionist.tools.ToolBox: run one call, never raise."""
 
     def run(self, name: str, arguments: str | dict) -> Any: ...  # -> ToolOutcome
 

@@ -144,7 +144,7 @@ _ASKS_FOR_A_PERSON = re.compile(
 
 
 def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str] | None = None) -> Outcome:
-    """Do what `plan` asks through the call's ToolBox (pipeline/tools.py; synchronous:
+    """Do what `plan` asks through the call's ToolBox (pipeline/receptionist/tools.py; synchronous:
     run it in a thread) and say what the database did. Never raises. `caller_lines`: all
     the caller said in this call (this turn's last); a name must come from them."""
     store = toolbox.store

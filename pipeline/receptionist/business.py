@@ -2,7 +2,7 @@
 
 The business is the user's to configure: a `[business]` TOML section (see configs/default.toml
 and the README) holds its name, who the agent is, hours, prices, open slots, other facts
-and the greeting. `system_prompt(business, layout=..., rules=..., examples=...)` turns it
+and the greeting. `facts_prompt(business, layout=..., rules=..., examples=...)` turns it
 into the LLM's system prompt; it is a pure function so the quality benchmark
 (`specvoice bench quality`) builds every business's prompt exactly as a call does.
 
@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-__all__ = ["DAYS", "BusinessConfig", "Example", "Layout", "day_hours", "default_business", "system_prompt"]
+__all__ = ["DAYS", "BusinessConfig", "Example", "Layout", "day_hours", "default_business", "facts_prompt"]
 
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 Layout = Literal["paragraph", "lines"]
@@ -153,7 +153,7 @@ CHECKER = ("Callers often get facts wrong; compare what they say with the facts 
 
 def rules_block(b: BusinessConfig, questions_only: bool = False) -> str:
     """The rules. `questions_only`: headed as rules for questions, for a prompt whose tools
-    paragraph comes before them (pipeline.agent.system_prompt), so that a booking request
+    paragraph comes before them (pipeline.receptionist.prompt.system_prompt), so that a booking request
     goes to the tools rather than to the fixed sentence."""
     # A sentence to say word for word works where "say you will check" did not: the 1.5B
     # model then stops inventing prices and services. It also over-uses it (see README).
@@ -241,7 +241,7 @@ def _line_facts(b: BusinessConfig) -> str:
     return "Facts:\n" + "\n".join(f"- {line}." for line in lines)
 
 
-def system_prompt(business: BusinessConfig, layout: Layout = "lines", rules: bool = True, examples: bool = False,
+def facts_prompt(business: BusinessConfig, layout: Layout = "lines", rules: bool = True, examples: bool = False,
                   persona: Persona = "role") -> str:
     """The system prompt for `business`.
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.bookings import BookingError, BookingStore
+from pipeline.receptionist.bookings import BookingError, BookingStore
 
 __all__ = ["TOOL_SCHEMAS", "TOOLS", "ToolBox", "ToolOutcome", "tool_schema"]
 

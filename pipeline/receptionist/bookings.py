@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.business import DAYS
+from pipeline.receptionist.business import DAYS
 
 __all__ = [
     "DEFAULT_DATABASE", "MIGRATIONS", "Booking", "BookingError", "BookingStore", "DatabaseError", "Message",
