@@ -66,7 +66,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log, record the out
 }
 
 BENCH_ENGINE=("$PY" -c 'import argparse, sys
-from demo.bench import engine as b
+from bench import engine as b
 p = argparse.ArgumentParser(); b.add_arguments(p)
 sys.exit(b.run(p.parse_args(sys.argv[1:])))')
 

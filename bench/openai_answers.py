@@ -1,12 +1,12 @@
 """Greedy answers from an OpenAI-compatible server for the benchmark's 24 dialogue turns,
 to compare a server's speculative decoding against the same server without it.
 
-    python bench/openai_answers.py --url http://127.0.0.1:8001/v1 --model qwen --label vllm-nospec --out a.json
-    python bench/openai_answers.py --url http://127.0.0.1:8001/v1 --model qwen --label vllm-ngram --out b.json
-    python bench/openai_answers.py --ours default --out ours.json  # this engine: ours-gamma0.json, ours-spec.json
-    python bench/openai_answers.py --compare a.json b.json      # identical answers, first difference
+    python -m bench.openai_answers --url http://127.0.0.1:8001/v1 --model qwen --label vllm-nospec --out a.json
+    python -m bench.openai_answers --url http://127.0.0.1:8001/v1 --model qwen --label vllm-ngram --out b.json
+    python -m bench.openai_answers --ours default --out ours.json  # this engine: ours-gamma0.json, ours-spec.json
+    python -m bench.openai_answers --compare a.json b.json      # identical answers, first difference
 
-Each turn (demo/data/dialogues.json, the turns `specvoice bench llm` uses) is sent once,
+Each turn (bench/data/dialogues.json, the turns `specvoice bench llm` uses) is sent once,
 temperature 0, `max_tokens` tokens, not streamed; the answer text, its completion tokens
 and the wall time are saved. With --compare, the first file is the reference: for every
 other file, how many answers are identical and where the first differing one departs.
@@ -22,7 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-DIALOGUES = Path(__file__).resolve().parent.parent / "demo" / "data" / "dialogues.json"
+from bench import DIALOGUES
+
 
 
 def ask(url: str, model: str, messages: list[dict], max_tokens: int) -> dict:

@@ -397,7 +397,7 @@ def bench_pipeline(model: str, threads: int, ctx: int, turns: int, config_name: 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import numpy as np
 
-    from demo.bench.pipeline import COLUMNS, QUESTIONS, _play_call, _summary
+    from bench.pipeline import COLUMNS, QUESTIONS, _play_call, _summary
     from llm.backend import SpeculativeBackend
     from llm.openai_backend import OpenAIChatBackend
     from pipeline.agent import AgentModels

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from demo.bench.llm import MODES, prompt_lookup_ceiling
+from bench.llm import MODES, prompt_lookup_ceiling
 from demo.cli import main
 
 FIELDS = {"tokens_per_s", "tokens_per_pass", "acceptance_rate", "ttft_s", "first_sentence_s",
@@ -128,7 +128,7 @@ def test_bench_llm_reports_the_worst_turn_the_gammas_and_never_slower(report):
 
 
 def test_never_slower_is_judged_on_the_speculative_modes_worst_turns():
-    from demo.bench.llm import never_slower
+    from bench.llm import never_slower
 
     def entry(worst):
         return {"speedup_vs_target_only": {"median": 1.2, "worst": worst, "mean": 1.2}}
@@ -161,7 +161,7 @@ def test_bench_llm_repeats_keep_each_modes_median_run(tiny_models, tmp_path):
 
 
 def test_pass_units_speedup_judges_a_turn_on_its_own_passes():
-    from demo.bench.llm import pass_units_speedup
+    from bench.llm import pass_units_speedup
 
     def p(g, accepted, draft_s, verify_s):
         return {"g": g, "accepted": accepted, "draft_s": draft_s, "verify_s": verify_s}

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from demo.bench.load import summarize_level
+from bench.load import summarize_level
 from demo.cli import main
 
 SMALL = "smollm2-135m-instruct"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from demo.bench.stt_engines import ENGINES, _fit, _wer, engines_table, spoken_words
+from bench.stt_engines import ENGINES, _fit, _wer, engines_table, spoken_words
 
 
 def test_numbers_count_the_same_written_or_spoken():

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from callfakes import ScriptedBackend
-from demo.bench.tools import (
+from bench.tools import (
     DIALOGUES,
     KINDS,
     Dialogue,

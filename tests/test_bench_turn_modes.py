@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demo.bench import pipeline as bench
+from bench import pipeline as bench
 from pipeline.config import load_config
 from voice.audio import STT_RATE
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import DIALOGUES
+from demo import BUSINESSES
 from pipeline.receptionist.business import BusinessConfig, day_hours, default_business, facts_prompt
 from pipeline.config import Config, ConfigError, load_config
 
-ROOT = Path(__file__).resolve().parent.parent
-BUSINESSES = ROOT / "demo" / "data" / "businesses"
 
 MINIMAL = '[business]\nname = "Luigi\'s Bistro"\nrole = "host"\ngreeting = "Luigi\'s, good evening!"\n'
 
@@ -137,7 +137,7 @@ def numbers(text: str) -> set[str]:
 def test_each_demo_business_states_every_figure_of_its_dialogues_prompt(key):
     """The business files hold the same facts as the benchmark dialogues' prompts: every
     number there (prices, times, order numbers) is in the prompt built from the file."""
-    turns = json.loads((ROOT / "demo" / "data" / "dialogues.json").read_text())["turns"]
+    turns = json.loads(DIALOGUES.read_text())["turns"]
     old = next(t["messages"][0]["content"] for t in turns if t["id"].startswith(key + "-"))
     built = facts_prompt(business(BUSINESSES / f"{key}.toml"))
     assert numbers(old) <= numbers(built), numbers(old) - numbers(built)

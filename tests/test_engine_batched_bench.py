@@ -1,4 +1,4 @@
-"""`specvoice bench batch` (demo/bench/batch.py) on a tiny model: its figures add up and
+"""`specvoice bench batch` (bench/batch.py) on a tiny model: its figures add up and
 its exactness check holds."""
 
 import argparse
@@ -9,7 +9,7 @@ from llm.engine import SpeculativeEngine
 
 
 def test_run_level_counts_and_matches_alone(tiny_models):
-    from demo.bench import batch
+    from bench import batch
 
     torch.set_num_threads(1)
     eng = SpeculativeEngine.load(tiny_models["target"], drafter="ngram", gamma=3, dtype="int8", calibrate=False,
@@ -39,7 +39,7 @@ def test_run_level_counts_and_matches_alone(tiny_models):
 
 
 def test_arguments():
-    from demo.bench import batch
+    from bench import batch
 
     p = argparse.ArgumentParser()
     batch.add_arguments(p)

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench import QUALITY, RESULTS
 from callfakes import FakeModels, ScriptedBackend, ScriptedSTT, ToneTTS
+from demo import BUSINESSES
 from llm.types import SamplingParams
 from pipeline.receptionist.bookings import open_store
 from pipeline.receptionist.business import FALLBACK, BusinessConfig, default_business
@@ -25,12 +27,10 @@ from pipeline.timeline import TurnTimeline
 from pipeline.receptionist.tools import ToolBox
 from pipeline.turn import BargeIn, LLMResult
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "demo" / "data"
 
 
 def business(key: str) -> BusinessConfig:
-    text = (DATA / "businesses" / f"{key}.toml").read_text(encoding="utf-8")
+    text = (BUSINESSES / f"{key}.toml").read_text(encoding="utf-8")
     return BusinessConfig.model_validate(tomllib.loads(text)["business"])
 
 
@@ -203,9 +203,9 @@ def test_turn_guard_sees_tool_results_as_they_arrive(dental):
 
 
 def _saved_answers():
-    questions = {q["id"]: q for q in json.loads((DATA / "quality.json").read_text(encoding="utf-8"))["questions"]}
+    questions = {q["id"]: q for q in json.loads(QUALITY.read_text(encoding="utf-8"))["questions"]}
     seen = set()
-    for path in sorted(glob.glob(str(ROOT / "bench" / "results" / "quality-*.json"))):
+    for path in sorted(glob.glob(str(RESULTS / "quality-*.json"))):
         for entry in json.loads(Path(path).read_text(encoding="utf-8"))["variants"].values():
             for row in entry["questions"]:
                 q = questions.get(row["id"])
@@ -309,7 +309,7 @@ def test_bench_quality_rescore_with_the_guard(tmp_path, capsys):
     from demo.cli import main
 
     out = tmp_path / "q.json"
-    assert main(["bench", "quality", "--rescore", str(ROOT / "bench" / "results" / "quality-prompts.json"),
+    assert main(["bench", "quality", "--rescore", str(RESULTS / "quality-prompts.json"),
                  "--guard", "--out", str(out)]) == 0
     variants = json.loads(out.read_text())["variants"]
     before, after = variants["config"], variants["config+guard"]

@@ -198,7 +198,7 @@ def test_moonshine_transcribes_the_lj_clips(phone):
     import jiwer
 
     from conftest import speech_clips
-    from demo.bench.voice import wer_words
+    from bench.voice import wer_words
     from voice.mulaw import phone_roundtrip
     from voice.wav import read_wav
 

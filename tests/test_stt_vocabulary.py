@@ -225,7 +225,7 @@ def test_prompted_whisper_hears_nothing_in_noise(name, kind, mode):
 def _spoken(text: str) -> np.ndarray:
     """Piper (without its random noise: the same audio every run) over the phone line."""
     from conftest import require_model
-    from demo.bench.voice import _pad, piper_audio
+    from bench.voice import _pad, piper_audio
     from voice.audio import resample
     from voice.mulaw import phone_roundtrip
     from voice.tts import PiperTTS
@@ -257,7 +257,7 @@ def test_vocabulary_keeps_lj_clips_under_the_phone_limit():
     import jiwer
 
     from conftest import speech_clips
-    from demo.bench.voice import wer_words
+    from bench.voice import wer_words
     from voice.mulaw import phone_roundtrip
     from voice.wav import read_wav
 

@@ -87,7 +87,7 @@ def _stt(name: str, window: str):
 def _wer(refs: list[str], hyps: list[str]) -> float:
     import jiwer
 
-    from demo.bench.voice import wer_words
+    from bench.voice import wer_words
 
     return jiwer.wer([wer_words(r) for r in refs], [wer_words(h) for h in hyps])
 
@@ -119,7 +119,7 @@ def test_short_window_still_takes_the_prompt(sentence, word):
     test_stt_vocabulary shows Whisper base needs the prompt for, over the phone line.
     (WER on the whole dental set over the phone: 1.6% full, 4.8% audio + 4 s in one run,
     two words; `specvoice bench voice --engines` reports it.)"""
-    from demo.bench.voice import BUSINESS_VOCABULARY
+    from bench.voice import BUSINESS_VOCABULARY
     from test_stt_vocabulary import _spoken
 
     prompt = WhisperPrompt.from_vocabulary(BUSINESS_VOCABULARY["dental"], "initial_prompt")

@@ -23,16 +23,16 @@ one run: this machine is shared and noisy, so ratios measured together are what 
 
 # (name, module): each module has HELP, DESCRIPTION, add_arguments(parser), run(args).
 BENCHES: list[tuple[str, str]] = [
-    ("llm", "demo.bench.llm"),
-    ("engine", "demo.bench.engine"),
-    ("voice", "demo.bench.voice"),
-    ("pipeline", "demo.bench.pipeline"),
-    ("load", "demo.bench.load"),
-    ("batch", "demo.bench.batch"),
-    ("quality", "demo.bench.quality"),
-    ("tools", "demo.bench.tools"),
-    ("constrained", "demo.bench.constrained"),
-    ("web", "demo.bench.web"),
+    ("llm", "bench.llm"),
+    ("engine", "bench.engine"),
+    ("voice", "bench.voice"),
+    ("pipeline", "bench.pipeline"),
+    ("load", "bench.load"),
+    ("batch", "bench.batch"),
+    ("quality", "bench.quality"),
+    ("tools", "bench.tools"),
+    ("constrained", "bench.constrained"),
+    ("web", "bench.web"),
 ]
 
 

@@ -269,7 +269,7 @@ def facts_prompt(business: BusinessConfig, layout: Layout = "lines", rules: bool
 
 def default_business() -> BusinessConfig:
     """Riverside Dental, the demo business of the default config (the same facts as
-    demo/data/businesses/dental.toml and the dental turns of demo/data/dialogues.json)."""
+    demo/data/businesses/dental.toml and the dental turns of bench/data/dialogues.json)."""
     return BusinessConfig(
         name="Riverside Dental",
         role="phone receptionist",

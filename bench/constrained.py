@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import BOOKING_DIALOGUES
+
 HELP = "constrained decoding: JSON tool calls and extraction, constrained with/without speculation vs the call drafter"
 DESCRIPTION = __doc__.split("\n", 2)[2] + """
 examples:
@@ -39,7 +41,6 @@ examples:
 """
 
 MODES = ("call_drafter", "constrained_plain", "constrained_spec", "constrained_spec_call")
-DATA = Path(__file__).resolve().parent.parent / "data"
 ACTION_KINDS = ("book", "cancel", "message", "transfer", "strange_name", "change_mind", "conflict")
 EXTRACT_SYSTEM = ("Read the caller's line and write what they want as JSON: intent (book, cancel, question, "
                   "message or other), day (a weekday or null), time (like 10:30 or null), name (the caller's name or null).")
@@ -108,7 +109,7 @@ def build_tasks(engine, config, limit: int | None) -> list[Task]:
     system = system_prompt(tools_config)
     slots = list(config.business.open_slots or [])
     schema = call_schema(TOOL_SCHEMAS, slots)
-    dialogues = json.loads((DATA / "booking_dialogues.json").read_text())["dialogues"]
+    dialogues = json.loads(BOOKING_DIALOGUES.read_text())["dialogues"]
     calls = [d for d in dialogues if d["kind"] in ACTION_KINDS and d["expect"].get("calls")]
     tasks = []
     opener = engine.encode("<tool_call>\n")
@@ -258,7 +259,7 @@ def summarize(rows: list[dict], modes: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from demo.bench import report_header
+    from bench import report_header
     from pipeline.agent import load_engine
     from pipeline.config import ConfigError, load_config
 

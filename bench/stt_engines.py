@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.bench.voice import (BUSINESS_VOCABULARY, DOMAIN_SENTENCES, _pad, _speech_dir, dialogue_questions,
+from bench.voice import (BUSINESS_VOCABULARY, DOMAIN_SENTENCES, _pad, _speech_dir, dialogue_questions,
                               noise_clips, piper_audio, wer_words)
 
 SETS = ("lj", "questions", "domain")
@@ -144,7 +144,7 @@ def run_engines(args: argparse.Namespace) -> int:
                     "cpu": _cpu_name()},
         "stt_threads": threads,
         "sets": {"lj": "LJ Speech clips (human voice), dental vocabulary as Whisper's prompt",
-                 "questions": "caller questions of demo/data/dialogues.json spoken by Piper, own business's vocabulary",
+                 "questions": "caller questions of bench/data/dialogues.json spoken by Piper, own business's vocabulary",
                  "domain": "dental sentences dense in vocabulary words, spoken by Piper",
                  "noise": "non-speech clips; any text is a hallucination"},
         "wer_normalisation": "lower case, punctuation dropped, numbers and abbreviations as spoken (voice.normalize)",

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import ROOT
+
 HELP = "N simulated callers at once against one bridge; --soak for a long run of repeated calls"
 DESCRIPTION = """\
 Starts the telephony bridge on 127.0.0.1 (bearer token, bridge.max_calls = N) with the
@@ -685,7 +687,7 @@ class ServeProcess:
         # non-interactive shell has SIGINT ignored, a child would inherit that, and then the
         # SIGINT stop (and the clean-up below) would not reach serve at all.
         self.proc = subprocess.Popen(command,
-                                     cwd=Path(__file__).resolve().parents[2], env=env, stdout=self._out,
+                                     cwd=ROOT, env=env, stdout=self._out,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_default_sigint)
         self.port: int | None = None
@@ -728,7 +730,7 @@ class ServeProcess:
 def start_llm_server(args: argparse.Namespace, log: Path, parallel: int):
     """llama.cpp's server (xllamacpp) for the catalog model's GGUF, through tests/realengine.py
     (run from the source tree): one server, `parallel` slots, behind every spawned process."""
-    tests = Path(__file__).resolve().parents[2] / "tests"
+    tests = ROOT / "tests"
     if str(tests) not in sys.path:
         sys.path.insert(0, str(tests))
     import realengine

@@ -1,6 +1,6 @@
 """`specvoice bench batch`: N concurrent calls on one engine, passes batched across calls.
 
-A benchmark, not a test. Register as ("batch", "demo.bench.batch") in demo/commands/bench.py.
+A benchmark, not a test. Register as ("batch", "bench.batch") in demo/commands/bench.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import threading
 import time
 from pathlib import Path
 
+from bench import DIALOGUES
+
 HELP = "N concurrent conversations on one engine: batched passes vs one pass at a time, gamma 0 vs speculation"
 DESCRIPTION = """\
 Runs N conversations at once on ONE engine, each on its own thread as calls are
-(different voice-agent turns from demo/data/dialogues.json, greedy, same token budget),
+(different voice-agent turns from bench/data/dialogues.json, greedy, same token budget),
 for each N in --calls and each mode:
 
   gamma0       plain decoding (no drafter)
@@ -39,7 +41,6 @@ identical; a mismatch is reported, never hidden).
   specvoice bench batch --config draft.toml --modes spec --serve batched,drafts_apart
 """
 
-DIALOGUES = Path(__file__).resolve().parent.parent / "data" / "dialogues.json"
 MODES = ("gamma0", "spec")
 SERVES = ("batched", "serial", "drafts_apart")
 
@@ -71,7 +72,7 @@ def run_level(engine, prompts: list[list[int]], max_new: int, prefill_first: boo
     out: list[dict] = [{} for _ in range(n)]
 
     def call(i: int) -> None:
-        from demo.bench.llm import FirstSentenceClock
+        from bench.llm import FirstSentenceClock
 
         conv = engine.new_conversation()
         if prefill_first:

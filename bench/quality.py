@@ -1,6 +1,6 @@
 """`specvoice bench quality`: does the agent state the facts, and only the facts?
 
-A fact-checked question set (demo/data/quality.json) over the four demo businesses
+A fact-checked question set (bench/data/quality.json) over the four demo businesses
 (demo/data/businesses/*.toml) is put to the agent, greedy. Each answer is checked by
 rules, never by another model: every `must` fact has to be there (any one of its
 alternatives) and no `must_not` claim may match. Prompts are built by the same builder
@@ -21,11 +21,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from demo.bench import report_header
+from bench import QUALITY, report_header
 
 HELP = "answer quality: how many answers are correct and how many state a false claim, per prompt variant"
 DESCRIPTION = """\
-Puts every question of demo/data/quality.json (96 questions over the four demo
+Puts every question of bench/data/quality.json (96 questions over the four demo
 businesses: single questions, 2-3 turn follow-ups, questions the facts do not answer,
 and false premises like "you're open Sundays, right?"; 64 "dev" questions the prompt
 options were compared on, 16 "holdout" ones written afterwards, and 16 more holdout
@@ -40,7 +40,7 @@ Prompt variants are compared side by side in one run, question by question (this
 machine is noisy; speeds count only within one run):
 
   before           the prompts as they were: one paragraph of facts, no rules (dental: the
-                   old default agent prompt; others: the prompts of demo/data/dialogues.json)
+                   old default agent prompt; others: the prompts of bench/data/dialogues.json)
   paragraph        built from the business config: one paragraph, no rules, no examples
   lines            one labelled fact a line; no rules, no examples
   paragraph_rules  paragraph + the rules (only the facts; say "I'm not sure about that. I can
@@ -76,8 +76,7 @@ examples:
   specvoice bench quality --rescore quality.json --show            # re-check saved answers after a rule change
 """
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-QUESTIONS = DATA / "quality.json"
+QUESTIONS = QUALITY
 CATEGORIES = ("single", "followup", "unknown", "false_premise")
 
 # Prompt options per variant, as AgentConfig fields (None: the prompts from before).
@@ -256,11 +255,20 @@ def load_questions(path: Path = QUESTIONS) -> tuple[list[Question], dict]:
     return out, data
 
 
+def business_file(key: str, data: dict, root: Path = QUESTIONS.parent) -> Path:
+    """The TOML file of business `key` of the question set: in the set's folder `root`, else
+    one of the demo businesses (demo/data/businesses)."""
+    from demo import BUSINESSES
+
+    name = data["businesses"][key]["config"]
+    return root / name if (root / name).is_file() else BUSINESSES / name
+
+
 def load_business(key: str, data: dict, root: Path = QUESTIONS.parent):
-    """Business `key` of the question set, from its TOML file (relative to the set's folder)."""
+    """Business `key` of the question set, from its TOML file (`business_file`)."""
     from pipeline.receptionist.business import BusinessConfig
 
-    path = root / data["businesses"][key]["config"]
+    path = business_file(key, data, root)
     return BusinessConfig.model_validate(tomllib.loads(path.read_text(encoding="utf-8"))["business"])
 
 
@@ -304,7 +312,7 @@ class Answer:
 def answer(engine, prompt: list[int], params, tools: bool = False) -> Answer:
     """One greedy answer. With `tools`, only the speakable text counts (a tool call's text is
     held back from the caller, as llm/tool_calls.py does on a call) and the call is noted."""
-    from demo.bench.llm import FirstSentenceClock
+    from bench.llm import FirstSentenceClock
     from llm.tool_calls import ToolCallFilter
     from pipeline.receptionist.tools import TOOLS
 

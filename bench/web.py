@@ -43,7 +43,7 @@ def _median(values: list[float]) -> float | None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from demo.bench.chromium import CHROMIUM
+    from bench.chromium import CHROMIUM
     from demo.commands import load_config_or_exit
 
     if CHROMIUM is None:
@@ -63,7 +63,7 @@ async def _bench(config, args) -> dict:
     import secrets
     import tempfile
 
-    from demo.bench import report_header
+    from bench import report_header
     from demo.caller import DEFAULT_SCRIPT, SimulatedCaller, prepare_lines
     from pipeline.agent import AgentModels
     from pipeline.transports.telephony.auth import BridgeTokens
@@ -111,7 +111,7 @@ async def _bench(config, args) -> dict:
 async def _page_call(models, script, port: int, gap_s: float, folder: Path, server, screenshot: Path | None):
     import numpy as np
 
-    from demo.bench.chromium import chromium, open_page
+    from bench.chromium import chromium, open_page
     from demo.caller import trim_silence
     from voice.audio import resample, to_float32
     from voice.wav import write_wav

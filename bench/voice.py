@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench import DIALOGUES, ROOT
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -35,7 +37,7 @@ Each model is loaded once and warmed up with one untimed call first. RTF = compu
 vocabulary (names, services, days) given as nothing / initial_prompt / hotwords / both,
 side by side on the same audio, in one run. Sets: the LJ Speech clips (a human voice,
 general text, with the default agent's vocabulary: does the prompt hurt ordinary
-speech?), the caller questions of demo/data/dialogues.json spoken by Piper (each with
+speech?), the caller questions of bench/data/dialogues.json spoken by Piper (each with
 its own business's vocabulary), dental sentences dense in domain words (the issue's
 "Tuesday morning slot"), and noise clips, where any text at all is a hallucination.
 
@@ -58,7 +60,7 @@ noise (the same audio in every run), then N-1 times with it (a different take ea
 """
 
 # What a business would list as its vocabulary: the names, services and days of its
-# facts (the system prompts of demo/data/dialogues.json), not words picked from the
+# facts (the system prompts of bench/data/dialogues.json), not words picked from the
 # caller's questions. Keys: the dialogue id prefix.
 BUSINESS_VOCABULARY: dict[str, list[str]] = {
     "dental": ["Riverside Dental", "Dr. Patel", "Dr. Moreno", "cleaning", "check-up", "whitening", "filling",
@@ -118,7 +120,7 @@ def _speech_dir() -> Path:
     env = os.environ.get("SPECVOICE_SPEECH_DATA")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "speech"
+    return ROOT / ".." / "shared" / "data" / "speech"
 
 
 def _summary(values: list[float]) -> dict:
@@ -129,7 +131,7 @@ def _summary(values: list[float]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "engines", False):
-        from demo.bench.stt_engines import run_engines
+        from bench.stt_engines import run_engines
 
         return run_engines(args)
     if args.vocabulary:
@@ -278,9 +280,9 @@ def _wer(refs: list[str], hyps: list[str]) -> dict:
 
 
 def dialogue_questions(path: Path | None = None) -> list[tuple[str, str]]:
-    """(business, question) for every distinct caller message of demo/data/dialogues.json;
+    """(business, question) for every distinct caller message of bench/data/dialogues.json;
     the business is the dialogue id's prefix (dental, bistro, isp, shop)."""
-    path = path or Path(__file__).resolve().parent.parent / "data" / "dialogues.json"
+    path = path or DIALOGUES
     seen: set[str] = set()
     out = []
     for turn in json.loads(path.read_text())["turns"]:
@@ -397,7 +399,7 @@ def run_vocabulary(args: argparse.Namespace) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "phone": args.phone, "modes": modes, "vocabulary": BUSINESS_VOCABULARY, "piper_renderings": renderings,
         "sets": {"lj": "LJ Speech clips (human voice, general text), dental vocabulary",
-                 "questions": "caller questions of demo/data/dialogues.json spoken by Piper, own business's vocabulary",
+                 "questions": "caller questions of bench/data/dialogues.json spoken by Piper, own business's vocabulary",
                  "domain": "dental sentences dense in vocabulary words, spoken by Piper",
                  "noise": "non-speech clips; any text is a hallucination"},
         "stt": {},

@@ -1,6 +1,6 @@
 """`specvoice bench llm`: our speculative engine against the peers, side by side in one run.
 
-For every voice-agent turn in `demo/data/dialogues.json` each mode answers the same
+For every voice-agent turn in `bench/data/dialogues.json` each mode answers the same
 prompt, greedy, with the same token budget, one mode after the other, so that the
 machine's noise hits all modes alike. Ratios are computed per turn, then summarised.
 """
@@ -16,9 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import DIALOGUES
+
 HELP = "LLM stage: our engine (gamma 0, draft model, n-gram, hybrid) vs Hugging Face generate and assisted generation"
 DESCRIPTION = """\
-Runs every turn of a fixed set of voice-agent dialogues (demo/data/dialogues.json:
+Runs every turn of a fixed set of voice-agent dialogues (bench/data/dialogues.json:
 receptionist, booking, support, order status) through each mode, greedy, same
 max tokens, interleaved turn by turn:
 
@@ -44,7 +46,6 @@ examples:
 """
 
 MODES = ("target_only", "hf_generate", "hf_assisted", "spec_model", "spec_ngram", "spec_hybrid")
-DIALOGUES = Path(__file__).resolve().parent.parent / "data" / "dialogues.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

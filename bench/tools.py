@@ -1,6 +1,6 @@
 """`specvoice bench tools`: does the agent book, cancel, take messages and transfer right?
 
-Booking dialogues (demo/data/booking_dialogues.json) for the demo dental business are
+Booking dialogues (bench/data/booking_dialogues.json) for the demo dental business are
 played through the real turn loop (pipeline/stages/respond.py + tools_step.py: the same
 `respond` a call runs, with the real ToolBox), text in, no audio, greedy. Each dialogue
 gets a fresh SQLite database seeded with the business's open slots (and the dialogue's
@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from demo.bench import report_header
+from bench import BOOKING_DIALOGUES, report_header
 
 HELP = "tool use: booking dialogues on a fresh database each; right final state, right tool calls, latency"
 DESCRIPTION = """\
-Plays every dialogue of demo/data/booking_dialogues.json (29 callers of the demo dental
+Plays every dialogue of bench/data/booking_dialogues.json (29 callers of the demo dental
 practice: plain bookings, conflicts with a slot booked before the call, slots that do
 not exist, cancellations, callers who change their mind, messages, transfers, strange
 names, one question with no tool) through the real turn loop with the tools on, greedy,
@@ -68,8 +68,7 @@ examples:
   specvoice bench tools --rescore tools.json              # re-score a saved run after a data fix (no model)
 """
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-DIALOGUES = DATA / "booking_dialogues.json"
+DIALOGUES = BOOKING_DIALOGUES
 KINDS = ("book", "conflict", "nonexistent", "cancel", "change_mind", "message", "transfer", "strange_name", "no_tool",
          "taken_meanwhile")
 # Calls that change nothing in the database or the call: never held against a dialogue.
