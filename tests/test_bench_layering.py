@@ -1,0 +1,38 @@
+"""Benchmarks sit on top: bench/ may import pipeline/, llm/ and voice/ (and demo/ may import
+bench/), but nothing of the product below it imports a benchmark. Imports are parsed, not run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imports_bench(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        if any(name.split(".")[0] == "bench" for name in names):
+            return True
+    return False
+
+
+def test_pipeline_llm_and_voice_never_import_bench():
+    files = [p for folder in ("pipeline", "llm", "voice") for p in sorted((ROOT / folder).rglob("*.py"))]
+    files += [ROOT / "threadrelay.py", ROOT / "modelstore.py"]
+    assert len(files) > 20
+    assert [str(p.relative_to(ROOT)) for p in files if _imports_bench(p)] == []
+
+
+def test_the_check_sees_an_import_of_bench(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\ndef f():\n    from bench.load import ServeProcess\n")
+    assert _imports_bench(bad)
+    (tmp_path / "ok.py").write_text("from pipeline.benchmarks import x\nimport benchmark\n")
+    assert not _imports_bench(tmp_path / "ok.py")
