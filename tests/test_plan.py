@@ -126,6 +126,95 @@ def test_a_slot_taken_between_plan_and_booking_is_refused_and_another_offered(st
     assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Someone Else")]
 
 
+
+def test_move_books_the_new_slot_then_cancels_the_one_this_call_made(store):
+    box = ToolBox(store, "call-m")
+    act(Plan("book", SLOTS[0], "Leo Martin"), box, "Tuesday please, for Leo Martin.")
+    o = act(Plan("move", SLOTS[2], "Leo Martin"), box, "Can you change it to Friday?", ["Leo Martin", "Friday"])
+    assert [c.name for c in o.calls] == ["book_slot", "cancel_booking"] and all(c.ok for c in o.calls)
+    assert o.line == f"Your booking for {SLOTS[0]} is cancelled, and you're booked for {SLOTS[2]}, under the name Leo Martin."
+    assert [(b.slot, b.name) for b in store.bookings(include_cancelled=False)] == [(SLOTS[2], "Leo Martin")]
+
+
+def test_a_book_plan_said_with_change_words_moves_and_a_plain_second_one_adds(store):
+    box = ToolBox(store, "call-m")
+    act(Plan("book", SLOTS[0], "Leo Martin"), box, "Leo Martin")
+    act(Plan("book", SLOTS[1], "Leo Martin"), box, "And Wednesday too, please.", ["Leo Martin"])
+    assert {b.slot for b in store.bookings(include_cancelled=False)} == {SLOTS[0], SLOTS[1]}
+    # Two bookings under the name: which one to drop is the caller's to say.
+    o = act(Plan("book", SLOTS[2], "Leo Martin"), box, "Actually, Friday would be better.", ["Leo Martin"])
+    assert [c.name for c in o.calls] == ["book_slot"] and len(store.bookings(include_cancelled=False)) == 3
+
+
+def test_cancel_of_a_slot_not_held_said_with_a_preference_is_a_move(store):
+    box = ToolBox(store, "call-m")
+    act(Plan("book", SLOTS[0], "Ines Park"), box, "Tuesday please, I'm Ines Park.")
+    o = act(Plan("cancel", SLOTS[2], "Ines Park"), box, "Actually, can you cancel that? Friday at 9 would suit me better.",
+            ["Ines Park"])
+    assert [(b.slot, b.name) for b in store.bookings(include_cancelled=False)] == [(SLOTS[2], "Ines Park")]
+    assert o.line.startswith(f"Your booking for {SLOTS[0]} is cancelled, and you're booked for {SLOTS[2]}")
+    # Without words of a change of mind, a cancel of a slot not held books nothing.
+    o = act(Plan("cancel", SLOTS[0], "Ines Park"), box, "Cancel the Tuesday one.", ["Ines Park"])
+    assert not o.calls[0].ok and store.bookings(include_cancelled=False)[0].slot == SLOTS[2]
+
+
+def test_a_refused_move_keeps_the_booking_the_caller_had(store):
+    box = ToolBox(store, "call-m")
+    act(Plan("book", SLOTS[0], "Leo Martin"), box, "Leo Martin")
+    ToolBox(store, "other").run("book_slot", {"slot": SLOTS[2], "name": "Someone Else"})
+    o = act(Plan("move", SLOTS[2], "Leo Martin"), box, "Move me to Friday.", ["Leo Martin"])
+    assert [c.name for c in o.calls] == ["book_slot"] and not o.calls[0].ok and o.line.startswith("Sorry,")
+    assert {(b.slot, b.name) for b in store.bookings(include_cancelled=False)} == {
+        (SLOTS[0], "Leo Martin"), (SLOTS[2], "Someone Else")}
+
+
+def test_booking_a_slot_the_caller_already_holds_books_nothing_again(store):
+    box = ToolBox(store, "call-m")
+    act(Plan("book", SLOTS[2], "Ines Park"), box, "Ines Park")
+    o = act(Plan("book", SLOTS[2], "Ines Park"), box, "Yes, Friday at 9 please, under Ines Park.")
+    assert o.calls == [] and o.line == f"You have {SLOTS[2]} already, under the name Ines Park."
+    assert len(store.bookings()) == 1
+
+
+@pytest.mark.parametrize("written, clean", [
+    ("J O N N Y, Smythe, S M Y T H E", "Jonny Smythe"),
+    ("Jonny, J-O-N-N-Y", "Jonny"),
+    ("J. O. Smith", "J. O. Smith"),  # initials, not a spelled name
+    ("Ann Lee", "Ann Lee"),
+    ("Mary O'Neil", "Mary O'Neil"),
+])
+def test_a_spelled_name_is_written_as_words(written, clean):
+    from pipeline.receptionist.plan import clean_name
+
+    assert clean_name(written) == clean
+
+
+def test_a_spelled_name_is_booked_as_the_name_spelled(store):
+    said = "Tuesday at 10:30, please. The name is Jonny, that's J O N N Y, Smythe, S M Y T H E."
+    o = act(Plan("book", SLOTS[0], "J O N N Y, Smythe, S M Y T H E"), ToolBox(store, "c"), said)
+    assert o.calls[0].ok and store.bookings()[0].name == "Jonny Smythe"
+    o = act(Plan("book", SLOTS[1], "Kai Barr"), ToolBox(store, "c"), "It's K A I, B A R R.")  # only spelled
+    assert o.calls[0].ok and store.bookings()[1].name == "Kai Barr"
+
+
+@pytest.mark.parametrize("lines, phone", [
+    (["Friday at 9. I'm Rita Gomez, my number is 555-0199."], "555-0199"),
+    (["Call me on (617) 555 0199.", "Friday at 9 please."], "(617) 555 0199"),
+    (["+44 20 7946 0958"], "+44 20 7946 0958"),
+    (["Tuesday at 10:30 for 2 people, on the 12th."], None),
+])
+def test_caller_phone(lines, phone):
+    from pipeline.receptionist.plan import caller_phone
+
+    assert caller_phone(lines) == phone
+
+
+def test_a_booking_keeps_the_phone_number_the_caller_gave(store):
+    said = "Can you book me in for Friday at 9? I'm Rita Gomez, my number is 555-0199."
+    o = act(Plan("book", SLOTS[2], "Rita Gomez"), ToolBox(store, "c"), said)
+    assert o.calls[0].ok and store.bookings()[0].phone == "555-0199"
+
+
 async def turn(backend, box, caller="Can I book Tuesday? I'm Ann Lee.", hold_line=""):
     sentences: asyncio.Queue = asyncio.Queue()
     result, events = LLMResult(), []

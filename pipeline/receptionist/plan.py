@@ -8,6 +8,8 @@ A turn's one generation starts with the plan, then (for a question) the answer:
 
     {"act": "book", "slot": "Tuesday 10:30 a.m. with Dr. Patel", "name": "Ann Lee"}
 
+    {"act": "move", "slot": "Friday 9:00 a.m. with Dr. Patel", "name": "Ann Lee"}
+
 The grammar (`plan_grammar`, a Lark grammar for llm.types.Constraint.grammar) makes any
 other first line impossible: the acts are an enum, a slot is one of the database's open
 slots at that moment (cancel: one of its slots), a name and a message are short strings.
@@ -28,10 +30,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ACTS", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "parse_plan", "plan_grammar", "plan_prompt"]
+__all__ = ["ACTS", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "caller_phone", "clean_name", "parse_plan",
+           "plan_grammar", "plan_prompt"]
 
 # The acts, in the order the prompt lists them. "answer": a question, answered from the facts.
-ACTS = ("answer", "book", "cancel", "message", "transfer", "end_call")
+# "move": a caller who changes their mind; the booking they made is cancelled once the new
+# slot is booked (never before: a refused booking leaves them the one they had).
+ACTS = ("answer", "book", "move", "cancel", "message", "transfer", "end_call")
 OTHER_SLOT = "another time"  # the caller asked for a time the database does not have
 
 
@@ -62,6 +67,7 @@ def plan_grammar(open_slots: list[str], all_slots: list[str]) -> str:
     slots = list(dict.fromkeys([*open_slots, *all_slots]))
     acts = ['"{\\"act\\": \\"answer\\"}\\n" ANSWER',
             '"{\\"act\\": \\"book\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
+            '"{\\"act\\": \\"move\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
             '"{\\"act\\": \\"cancel\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"']
     acts.append('"{\\"act\\": \\"message\\", \\"name\\": " NAME ", \\"message\\": " MESSAGE "}"')
     acts.append('"{\\"act\\": \\"transfer\\"}"')
@@ -86,6 +92,7 @@ def plan_prompt(open_slots: list[str]) -> str:
             '- a question: {"act": "answer"} then the answer on the next line\n'
             f'- to book a slot: {{"act": "book", "slot": "{slot}", "name": "<the caller\'s name>"}}'
             f' (a time not among the slots: "slot": "{OTHER_SLOT}")\n'
+            f'- to move the caller\'s booking to another slot: {{"act": "move", "slot": "<the new slot>", "name": "<the name it is under>"}}\n'
             f'- to cancel a booking: {{"act": "cancel", "slot": "{slot}", "name": "<the name it is under>"}}\n'
             '- to leave a message for the staff: {"act": "message", "name": "<name>", "message": "<the message>"}\n'
             '- to speak to a person: {"act": "transfer"}\n'
@@ -127,12 +134,33 @@ class Outcome:
     reason: str | None = None
 
 
+_WORD = r"[^\W\d_]+(?:['’-][^\W\d_]+)*"
+# Letters said one by one: "J O N N Y", "S-M-Y-T-H-E", "J. O. N."
+_SPELLED = re.compile(r"(?<![^\W\d_])(?<!['’])(?:[^\W\d_][.]?[\s-]+){2,}[^\W\d_]\.?(?![^\W\d_])")
+
+
+def clean_name(name: str) -> str:
+    """A name as the 1.5B writes it after a caller spelled it out ("J O N N Y, Smythe,
+    S M Y T H E" -> "Jonny Smythe", bench tools): each letter-by-letter run becomes a word,
+    and a word both said and spelled is kept once. A name with no spelled run is kept as
+    written."""
+    if not _SPELLED.search(name):
+        return name
+    joined = _SPELLED.sub(lambda m: re.sub(r"[\s.-]", "", m.group(0)).capitalize(), name)
+    words: list[str] = []
+    for w in re.findall(_WORD, joined):
+        if not words or words[-1].casefold() != w.casefold():
+            words.append(w)
+    return " ".join(words)
+
+
 def said_by_caller(name: str, caller_lines: list[str]) -> bool:
-    """Every word of `name` is a word the caller said. The 1.5B fills a name it was not
-    given ("John Doe", "Jane Smith", the prompt's own "<the caller's name>": bench tools);
-    such a name is asked for instead of booked."""
-    said = {w.lower() for line in caller_lines for w in re.findall(r"[^\W\d_]+(?:['’-][^\W\d_]+)*", line)}
-    words = re.findall(r"[^\W\d_]+(?:['’-][^\W\d_]+)*", name)
+    """Every word of `name` is a word the caller said (or spelled). The 1.5B fills a name it
+    was not given ("John Doe", "Jane Smith", the prompt's own "<the caller's name>": bench
+    tools); such a name is asked for instead of booked."""
+    spelled = [re.sub(r"[\s.-]", "", m.group(0)) for line in caller_lines for m in _SPELLED.finditer(line)]
+    said = {w.lower() for line in [*caller_lines, *spelled] for w in re.findall(_WORD, line)}
+    words = re.findall(_WORD, name)
     return bool(words) and all(w.lower() in said for w in words)
 
 
@@ -149,20 +177,21 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str]
     the caller said in this call (this turn's last); a name must come from them."""
     store = toolbox.store
     lines = caller_lines if caller_lines is not None else [caller_text]
-    if plan.name and not said_by_caller(plan.name, lines):
-        plan = Plan(plan.act, plan.slot, "", plan.message)
-    if plan.act in ("book", "cancel") and plan.slot == OTHER_SLOT:
-        return Outcome(_not_a_slot(store, plan.act))
-    if plan.act == "book":
-        if not plan.name:
-            return Outcome(f"I can book {plan.slot} for you. May I have your name?")
-        o = toolbox.run("book_slot", {"slot": plan.slot, "name": plan.name})
-        if o.ok:
-            return Outcome(f"You're booked for {o.result['slot']}, under the name {o.result['name']}.", [o])
-        return Outcome(_refused(plan.slot, store), [o])
+    if plan.name:
+        name = clean_name(plan.name)
+        plan = Plan(plan.act, plan.slot, name if said_by_caller(name, lines) else "", plan.message)
+    if plan.act in ("book", "move", "cancel") and plan.slot == OTHER_SLOT:
+        return Outcome(_not_a_slot(store, "cancel" if plan.act == "cancel" else "book"))
+    if plan.act in ("book", "move"):
+        return _book(plan, toolbox, caller_text, lines)
     if plan.act == "cancel":
         if not plan.name:
             return Outcome("What name is the booking under?")
+        held = _held(toolbox, plan.name)
+        if held and not any(_same_slot(b.slot, plan.slot) for b in held) and _CHANGE.search(caller_text):
+            # "Can you cancel that? Friday would suit me better": the slot named is the one
+            # wanted, not the one to cancel (bench tools, the 1.5B).
+            return _book(Plan("move", plan.slot, plan.name), toolbox, caller_text, lines)
         o = toolbox.run("cancel_booking", {"slot": plan.slot, "name": plan.name})
         if o.ok:
             return Outcome(f"Your booking for {o.result['slot']} is cancelled.", [o])
@@ -185,6 +214,63 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str]
         o = toolbox.run("end_call", {})
         return Outcome("Goodbye.", [o], o.action if o.ok else None)
     raise ValueError(f"act() is for actions; {plan.act!r} is answered by the model")
+
+
+# Words of a caller who changes their mind ("Actually, Friday would be better").
+_CHANGE = re.compile(r"\b(?:actually|instead|change|move|switch|rather|better|reschedule|prefer)\b", re.IGNORECASE)
+# A phone number: 7 or more digits, with the spaces, dots, dashes and brackets people say
+# or the STT writes ("555-0199", "(617) 555 0199", "+44 20 7946 0958").
+_PHONE = re.compile(r"(?<![\w:(])\+?\(?\d[\d ().-]{5,}\d(?![\w:])")
+
+
+def caller_phone(caller_lines: list[str]) -> str | None:
+    """The last phone number the caller said in this call: the plan leaves numbers out (its
+    grammar has no phone), so a booking takes it from the caller's own words."""
+    for line in reversed(caller_lines):
+        found = [m.group(0).strip() for m in _PHONE.finditer(line) if len(re.sub(r"\D", "", m.group(0))) >= 7]
+        if found:
+            return found[-1]
+    return None
+
+
+def _same_slot(a: str, b: str) -> bool:
+    return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
+
+
+def _held(toolbox: Any, name: str) -> list[Any]:
+    """This call's active bookings under `name`: what a caller who changes their mind means
+    by "it" or "that"."""
+    try:
+        rows, call_id = toolbox.store.bookings(include_cancelled=False), toolbox.call_id
+    except Exception:  # the database is down: book_slot will say so
+        return []
+    return [b for b in rows if b.call_id == call_id and _same_slot(b.name, name)]
+
+
+def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str]) -> Outcome:
+    """Book `plan.slot`; for a move (or a second booking asked for with "actually",
+    "instead"...), cancel the booking this call made under the name, after the new one
+    succeeded, so that a refused slot leaves the caller what they had."""
+    if not plan.name:
+        return Outcome(f"I can book {plan.slot} for you. May I have your name?")
+    held = _held(toolbox, plan.name)
+    if any(_same_slot(b.slot, plan.slot) for b in held):
+        return Outcome(f"You have {plan.slot} already, under the name {plan.name}.")
+    moving = held if plan.act == "move" or _CHANGE.search(caller_text) else []
+    arguments = {"slot": plan.slot, "name": plan.name}
+    phone = caller_phone(lines)
+    if phone:
+        arguments["phone"] = phone
+    o = toolbox.run("book_slot", arguments)
+    if not o.ok:
+        return Outcome(_refused(plan.slot, toolbox.store), [o])
+    booked = f"you're booked for {o.result['slot']}, under the name {o.result['name']}."
+    if len(moving) != 1:  # none, or several: which one to drop is the caller's to say
+        return Outcome(booked[0].upper() + booked[1:], [o])
+    c = toolbox.run("cancel_booking", {"slot": moving[0].slot, "name": moving[0].name})
+    if not c.ok:
+        return Outcome(f"{booked[0].upper() + booked[1:]} Your booking for {moving[0].slot} is still there.", [o, c])
+    return Outcome(f"Your booking for {c.result['slot']} is cancelled, and {booked}", [o, c])
 
 
 def _not_a_slot(store: Any, act_: str) -> str:
