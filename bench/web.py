@@ -123,7 +123,8 @@ async def _page_call(models, script, port: int, gap_s: float, folder: Path, serv
         pieces += [trim_silence(pcm, 16000), np.zeros(int(16000 * gap_s), np.float32)]
     wav = write_wav(folder / "page-microphone.wav", np.concatenate(pieces), 16000)
     n = len(script)
-    async with chromium(wav) as devtools, open_page(devtools, f"http://127.0.0.1:{port}/") as page:
+    async with (chromium(wav, window=(1100, 1300)) as devtools,
+                open_page(devtools, f"http://127.0.0.1:{port}/", read_timeout_s=None) as page):
         await page.click("#call")
         await page.until("window.specvoice.state === 'in-call'")
         # Every line answered and its turn recorded (the turn's figures reach the page at its end).

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -29,9 +26,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.chromium import CDP, CHROMIUM, chromium, open_page
 from conftest import require_model
 from pipeline.transports.telephony.auth import BridgeTokens
-from test_report_html import CDP, CHROMIUM, FLAGS, png_pixels
+from test_report_html import png_pixels
 
 pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -77,79 +75,14 @@ def spoken_wav(models, path: Path) -> Path:
     return write_wav(path, np.concatenate([silence(LEAD_S), 0.8 * pcm, silence(TAIL_S)]), 16000)
 
 
-@contextlib.asynccontextmanager
-async def chromium_with_microphone(wav: Path, profile: Path, loop: bool = False):
-    """Chromium whose microphone reads `wav` (once, or over and over with `loop`)."""
-    flags = [*FLAGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
-             f"--use-file-for-fake-audio-capture={wav}{'' if loop else '%noloop'}",
-             "--autoplay-policy=no-user-gesture-required"]
-    proc = subprocess.Popen([CHROMIUM, *flags, f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while not (port_file.is_file() and port_file.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("chromium did not start its DevTools endpoint")
-            await asyncio.sleep(0.05)  # waiting for the file Chromium writes when ready
-        yield int(port_file.read_text().split()[0])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-@contextlib.asynccontextmanager
-async def page(devtools_port: int, url: str):
-    from websockets.asyncio.client import connect
-
-    async with httpx.AsyncClient() as client:
-        target = (await client.put(f"http://127.0.0.1:{devtools_port}/json/new?about:blank")).json()
-    async with connect(target["webSocketDebuggerUrl"], max_size=None) as ws:
-        cdp = CDP(ws)
-        for domain in ("Runtime", "Log", "Page"):
-            await cdp.call(f"{domain}.enable")
-        await cdp.call("Page.navigate", url=url)
-        await cdp.wait_event("Page.loadEventFired", timeout=60)
-        yield cdp
-
-
 async def until(cdp: CDP, condition: str, what: str, timeout_s: float = 240) -> None:
-    """Wait, inside the page, until the JS `condition` holds (the page checks it every 20 ms:
-    the state it tests is set by the page's own event handlers); fails with `what` if the
-    hang guard runs out."""
-    script = (f"new Promise(r => {{ const c = () => {{ try {{ if ({condition}) return r(true); }} catch (e) {{}} "
-              f"setTimeout(c, 20); }}; c(); }})")
-    result = await asyncio.wait_for(_evaluate_async(cdp, script), timeout_s)
-    assert result is True, what
-
-
-async def _evaluate_async(cdp: CDP, expression: str):
-    # A long await inside the page: CDP.call's own 20 s read timeout would cut it, so read here.
-    cdp.next_id += 1
-    my_id = cdp.next_id
-    await cdp.ws.send(json.dumps({"id": my_id, "method": "Runtime.evaluate",
-                                  "params": {"expression": expression, "awaitPromise": True, "returnByValue": True}}))
-    while True:
-        msg = json.loads(await cdp.ws.recv())
-        if msg.get("id") == my_id:
-            return msg["result"]["result"].get("value")
-        cdp.events.append(msg)
+    """Wait, inside the page, until the JS `condition` holds; fails with `what` if the hang
+    guard runs out."""
+    assert await cdp.until(condition, timeout_s) is True, what
 
 
 async def state(cdp: CDP) -> dict:
     return json.loads(await cdp.evaluate("JSON.stringify(window.specvoice)"))
-
-
-async def click(cdp: CDP, selector: str) -> None:
-    """A real mouse click (a user gesture, as a person's would be) at the element's centre."""
-    box = json.loads(await cdp.evaluate(
-        f"JSON.stringify((r => ({{x: r.x + r.width / 2, y: r.y + r.height / 2}}))"
-        f"(document.querySelector({json.dumps(selector)}).getBoundingClientRect()))"))
-    for kind in ("mousePressed", "mouseReleased"):
-        await cdp.call("Input.dispatchMouseEvent", type=kind, x=box["x"], y=box["y"], button="left", clickCount=1)
 
 
 async def test_call_from_the_page_in_headless_chromium(models, tmp_path):
@@ -163,9 +96,9 @@ async def test_call_from_the_page_in_headless_chromium(models, tmp_path):
     wav = spoken_wav(models, tmp_path / "question.wav")
     base = f"http://127.0.0.1:{port}"
     try:
-        async with chromium_with_microphone(wav, tmp_path / "profile") as devtools, page(devtools, base + "/") as cdp:
+        async with chromium(wav, profile=tmp_path / "profile") as devtools, open_page(devtools, base + "/") as cdp:
             assert (await state(cdp))["state"] == "idle"
-            await click(cdp, "#call")
+            await cdp.click("#call")
             await until(cdp, "window.specvoice.state === 'in-call'", "the call to be answered")
             ev = "window.specvoice.events"
             # The greeting played in the page (its mark came back from the page's player), unless
@@ -186,7 +119,7 @@ async def test_call_from_the_page_in_headless_chromium(models, tmp_path):
                     [b.dataset.metric, [b.dataset.value, b.dataset.exact, b.querySelector('.fill').getBoundingClientRect().width]])),
             })"""))
             shot = base64.b64decode((await cdp.call("Page.captureScreenshot", format="png"))["data"])
-            await click(cdp, "#hangup")
+            await cdp.click("#hangup")
             await until(cdp, "window.specvoice.state === 'ended' && window.specvoice.report", "the report link")
             end = await state(cdp)
             link = json.loads(await cdp.evaluate(
@@ -283,14 +216,14 @@ async def test_talking_over_the_agent_stops_its_audio_in_the_page(models, tmp_pa
                           render_report=render_html, greeting=False, preload=False)
     port = await server.start()
     try:
-        async with chromium_with_microphone(wav, tmp_path / "profile", loop=True) as devtools, \
-                page(devtools, f"http://127.0.0.1:{port}/") as cdp:
-            await click(cdp, "#call")
+        async with chromium(wav, loop=True, profile=tmp_path / "profile") as devtools, \
+                open_page(devtools, f"http://127.0.0.1:{port}/") as cdp:
+            await cdp.click("#call")
             ev = "window.specvoice.events"
             await until(cdp, f"{ev}.some(e => e.kind === 'barge_in' && e.turn === 0) && window.specvoice.clears >= 1",
                         "the caller to talk over the first answer")
             s = await state(cdp)
-            await click(cdp, "#hangup")
+            await cdp.click("#hangup")
             await until(cdp, "window.specvoice.state === 'ended' && window.specvoice.report", "the report link")
             errors = cdp.errors()
     finally:

@@ -6,24 +6,21 @@ loads the page from a file, we read console errors, the DOM and a screenshot.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
 import re
-import shutil
 import struct
-import subprocess
-import time
 import zlib
 from html.parser import HTMLParser
 from pathlib import Path
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.chromium import CDP, CHROMIUM, chromium_blocking  # noqa: F401 (CDP: for test_report_recording)
+from bench.chromium import open_page as open_url
 from demo import report_html
 from demo.cli import main as cli_main
 
@@ -220,91 +217,19 @@ def test_arbitrary_strings_never_produce_markup(strings, attack):
 
 # ---------------------------------------------------------------- headless Chromium
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--remote-debugging-port=0", "--window-size=1100,1400", "--hide-scrollbars"]
-
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory):
     if CHROMIUM is None:
         pytest.skip("chromium not installed (apt-get install -y chromium)")
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while not (port_file.is_file() and port_file.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("chromium did not start its DevTools endpoint")
-            time.sleep(0.05)
-        yield int(port_file.read_text().split()[0])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-class CDP:
-    """A minimal DevTools protocol client: commands by id, events collected."""
-
-    def __init__(self, ws):
-        self.ws, self.next_id, self.events = ws, 0, []
-
-    async def call(self, method: str, **params) -> dict:
-        self.next_id += 1
-        my_id = self.next_id
-        await self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(await asyncio.wait_for(self.ws.recv(), 20))
-            if msg.get("id") == my_id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-            self.events.append(msg)
-
-    async def wait_event(self, method: str, timeout: float = 20) -> dict:
-        async with asyncio.timeout(timeout):
-            while True:
-                for ev in self.events:
-                    if ev.get("method") == method:
-                        self.events.remove(ev)
-                        return ev
-                self.events.append(json.loads(await self.ws.recv()))
-
-    async def evaluate(self, expression: str):
-        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result["result"].get("value")
-
-    def errors(self) -> list[str]:
-        out = []
-        for ev in self.events:
-            method, p = ev.get("method"), ev.get("params", {})
-            if method == "Runtime.exceptionThrown":
-                out.append(json.dumps(p.get("exceptionDetails", {}))[:300])
-            elif method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                out.append(json.dumps(p.get("args", []))[:300])
-            elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
-                out.append(p["entry"].get("text", "")[:300])
-        return out
+    with chromium_blocking(tmp_path_factory.mktemp("chromium-profile")) as port:
+        yield port
 
 
 @contextlib.asynccontextmanager
 async def open_page(port: int, path: Path):
-    from websockets.asyncio.client import connect
-
-    async with httpx.AsyncClient() as client:
-        target = (await client.put(f"http://127.0.0.1:{port}/json/new?about:blank")).json()
-    async with connect(target["webSocketDebuggerUrl"], max_size=None) as ws:
-        cdp = CDP(ws)
-        for domain in ("Runtime", "Log", "Page"):
-            await cdp.call(f"{domain}.enable")
-        await cdp.call("Page.navigate", url=path.resolve().as_uri())
-        await cdp.wait_event("Page.loadEventFired")
+    """The report file at `path` in a new tab, with Log events too."""
+    async with open_url(port, path.resolve().as_uri(), load_timeout_s=20) as cdp:
         # Let anything that would run (it must not) run: inline scripts and onload/onerror
         # handlers have run by the load event; a task queued after it runs after anything
         # they queued, and its answer comes after any event they reported.
