@@ -19,10 +19,8 @@ threads 472 ms a turn under contention, 1 thread 175 ms), so spinning is off. Wi
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable
-from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +29,7 @@ from voice.audio import STT_RATE, rms_dbfs
 from voice.decode_guard import max_new_tokens, repetition_keep
 from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError, pull_hint_for
 from voice.moonshine_convert import CONVERTED_FILES, DECODER_FIRST, DECODER_WITH_PAST, ENCODER, TOKENIZER
-from voice.stt import Transcript, stt_audio
+from voice.stt import ThreadedSTT, Transcript, stt_audio
 
 REQUIRED_FILES = (*CONVERTED_FILES, TOKENIZER)
 BOS, EOS = 1, 2
@@ -88,7 +86,7 @@ def check_moonshine_dir(model_path: str | Path) -> Path:
     return path
 
 
-class MoonshineSTT:
+class MoonshineSTT(ThreadedSTT):
     """Moonshine base English: load once, transcribe many utterances (16 kHz mono PCM)."""
 
     sample_rate = STT_RATE
@@ -176,16 +174,3 @@ class MoonshineSTT:
 
     def transcribe_partial(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> str:
         return self.transcribe_full(audio, sample_rate).text
-
-    # -------------------------------------------------------------- async
-
-    async def transcribe_async(self, audio: np.ndarray, sample_rate: int = STT_RATE,
-                               executor: Executor | None = None) -> str:
-        """`transcribe` in a worker thread (onnxruntime releases the GIL while it runs)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self.transcribe, audio, sample_rate)
-
-    async def transcribe_partial_async(self, audio: np.ndarray, sample_rate: int = STT_RATE,
-                                       executor: Executor | None = None) -> str:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self.transcribe_partial, audio, sample_rate)

@@ -226,7 +226,32 @@ def _cut_repetition(segments: list, word_timestamps: bool) -> tuple[list, bool]:
     return out, True
 
 
-class WhisperSTT:
+class ThreadedSTT:
+    """An STT engine whose transcriptions run in a worker thread from asyncio, so the event
+    loop keeps moving audio meanwhile. Both engines release the GIL while they decode
+    (CTranslate2 for Whisper, onnxruntime for Moonshine), so the loop really does run.
+    Subclasses define `transcribe` and `transcribe_partial`."""
+
+    def transcribe(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> str:
+        raise NotImplementedError
+
+    def transcribe_partial(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> str:
+        raise NotImplementedError
+
+    async def transcribe_async(self, audio: np.ndarray, sample_rate: int = STT_RATE,
+                               executor: Executor | None = None) -> str:
+        """`transcribe` in a worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self.transcribe, audio, sample_rate)
+
+    async def transcribe_partial_async(self, audio: np.ndarray, sample_rate: int = STT_RATE,
+                                       executor: Executor | None = None) -> str:
+        """`transcribe_partial` in a worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self.transcribe_partial, audio, sample_rate)
+
+
+class WhisperSTT(ThreadedSTT):
     """faster-whisper wrapper: load once, transcribe many utterances."""
 
     sample_rate = STT_RATE
@@ -392,19 +417,3 @@ class WhisperSTT:
     def transcribe_partial(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> str:
         """Interim transcript of an utterance still in progress (greedy, for display/early cues)."""
         return self.transcribe_full(audio, sample_rate, beam_size=1).text
-
-    # -------------------------------------------------------------- async
-
-    async def transcribe_async(self, audio: np.ndarray, sample_rate: int = STT_RATE,
-                               executor: Executor | None = None) -> str:
-        """`transcribe` in a worker thread, so the event loop keeps moving audio meanwhile.
-
-        CTranslate2 releases the GIL while decoding, so the loop really does run.
-        """
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self.transcribe, audio, sample_rate)
-
-    async def transcribe_partial_async(self, audio: np.ndarray, sample_rate: int = STT_RATE,
-                                       executor: Executor | None = None) -> str:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self.transcribe_partial, audio, sample_rate)
