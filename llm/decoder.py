@@ -2,7 +2,6 @@
 
 Pure functions over explicit state, in the manner of gpt-fast's generate.py:
 
-    prefill(model, seq, prompt)            -> logits after the prompt (reusing cached K/V)
     speculative_stream(...)                -> yields one TokenGroup per target pass
 
 `Sequence` is a conversation's target-side state: its KV cache and the tokens whose
@@ -23,7 +22,7 @@ from llm.constrain import ConstraintState
 from llm.detokenize import IncrementalDetokenizer
 from llm.drafters import Drafter, DraftSteps, Proposal, common_prefix
 from llm.gamma import GammaController, Load
-from llm.model import KVCache, Segment, Transformer, forward, new_cache
+from llm.model import KVCache, Segment, Transformer, new_cache
 from llm.sampling import apply_mask, choose, verify_greedy, verify_sampled, warp
 from llm.scheduler import Piece, PieceSteps, SoloRunner
 from llm.types import GenerationStats, SamplingParams, TokenGroup
@@ -37,18 +36,6 @@ class Sequence:
 
 def new_sequence(model: Transformer, capacity: int = 256) -> Sequence:
     return Sequence(new_cache(model, capacity))
-
-
-def prefill(model: Transformer, seq: Sequence, prompt: list[int]) -> tuple[torch.Tensor, int]:
-    """Bring `seq` to hold `prompt` and return (logits for the next token, tokens computed).
-
-    Keeps the longest prefix the cache already holds and computes only the rest (at
-    least the last token, whose logits we need)."""
-    keep = min(common_prefix(seq.tokens, prompt), len(prompt) - 1)
-    todo = torch.tensor(prompt[keep:], dtype=torch.long, device=model.device)
-    logits = forward(model, seq.cache, todo, keep, all_logits=False)[-1]
-    seq.tokens = list(prompt)
-    return logits, len(prompt) - keep
 
 
 # Drafters whose offer costs no forward pass: asked every pass, their offers weighed by
