@@ -24,7 +24,7 @@ from llm.drafters import Drafter, DraftSteps, Proposal, common_prefix
 from llm.gamma import GammaController, Load
 from llm.model import KVCache, Segment, Transformer, new_cache
 from llm.sampling import apply_mask, choose, verify_greedy, verify_sampled, warp
-from llm.scheduler import Piece, PieceSteps, SoloRunner
+from llm.scheduler import Piece, PieceSteps, Runner, SoloRunner
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 
@@ -103,10 +103,9 @@ class Generation:
     max_context: int
     cancel: threading.Event | None = None
     lock: threading.Lock | None = None  # serialises passes when several calls share a model
-    # Runs each pass: `run(prepare, finish, hint) -> (result, PassInfo)`. The engine's
-    # scheduler batches the passes of all its conversations on one thread; None: each pass
-    # runs on the calling thread behind `lock` (llm.scheduler.SoloRunner).
-    runner: object | None = None
+    # Runs each pass. The engine's scheduler batches the passes of all its conversations on
+    # one thread; None: each pass runs on the calling thread behind `lock` (SoloRunner).
+    runner: Runner | None = None
     # The constraint's state (llm/constrain.py) when the request has one: every position's
     # distribution is masked to what it allows, and it moves by the tokens kept.
     guide: ConstraintState | None = None

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -75,11 +75,25 @@ class PassInfo:
     conversations: int
 
 
+Prepare = Callable[[Load], "Piece | None | PieceSteps"]
+Finish = Callable[[torch.Tensor], Any]
+
+
+class Runner(Protocol):
+    """Runs one conversation's pass: `prepare` names its target rows (drafting first, maybe
+    in steps), the target runs them (with other conversations' rows, maybe), `finish` turns
+    this conversation's logits into its result. Returns (finish's result, the pass's
+    PassInfo). SoloRunner runs it here; PassScheduler on the engine thread, batched."""
+
+    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None) -> tuple[Any, PassInfo]: ...
+
+
 @dataclass
 class _Work:
-    prepare: Callable[[Load], Piece | None | PieceSteps]
-    finish: Callable[[torch.Tensor], Any]
+    prepare: Prepare
+    finish: Finish
     hint: Load  # what this conversation brought to its last pass (before it prepares this one)
+    job: Callable[[], Any] | None = None  # instead of a pass: run alone, its value the result
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     info: PassInfo | None = None
@@ -87,6 +101,10 @@ class _Work:
     piece: Piece | None = None
     steps: PieceSteps | None = None  # a prepare still drafting
     step: DraftStep | None = None  # the draft forward it waits for
+
+
+def _no_rows(_) -> None:
+    """A job's prepare and finish: never called (a job is not a pass)."""
 
 
 class SoloRunner:
@@ -98,7 +116,7 @@ class SoloRunner:
         self.lock = lock if lock is not None else threading.Lock()
         self.timer = timer
 
-    def run(self, prepare, finish, hint: Load | None = None):
+    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None) -> tuple[Any, PassInfo]:
         with self.lock:
             piece = _run_here(prepare(Load()), self.timer)
             (logits,), seconds = self.timer(piece.model, [piece.segment])
@@ -142,10 +160,16 @@ class PassScheduler:
                 self._active -= 1
                 self._cond.notify_all()
 
-    def run(self, prepare: Callable[[Load], Piece | None], finish: Callable[[torch.Tensor], Any],
-            hint: Load | None = None) -> tuple[Any, PassInfo | None]:
+    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None) -> tuple[Any, PassInfo]:
         """Submit one pass and wait for it: (finish's result, the pass it ran in)."""
-        work = _Work(prepare, finish, hint or Load(rows=1, tokens=1.0))
+        work = self._submit(_Work(prepare, finish, hint or Load(rows=1, tokens=1.0)))
+        return work.result, work.info
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn alone on the engine thread (a prefix's prefill, a calibration)."""
+        return self._submit(_Work(_no_rows, _no_rows, Load(), job=fn)).result
+
+    def _submit(self, work: _Work) -> _Work:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine's scheduler was closed")
@@ -155,17 +179,7 @@ class PassScheduler:
         work.done.wait()
         if work.error is not None:
             raise work.error
-        return work.result, work.info
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run fn alone on the engine thread (a prefix's prefill, a calibration)."""
-        box = {}
-
-        def prepare(load) -> None:
-            box["value"] = fn()
-
-        self.run(prepare, lambda logits: None)
-        return box["value"]
+        return work
 
     def waiting(self) -> int:
         with self._cond:
@@ -222,6 +236,9 @@ class PassScheduler:
         self.rounds += 1
         prepared: list[_Work] = []
         for w in works:
+            if w.job is not None:
+                self._run_job(w)
+                continue
             try:
                 out = w.prepare(self._load(w, works))
             except BaseException as e:  # noqa: BLE001 - handed to the conversation that caused it
@@ -238,6 +255,14 @@ class PassScheduler:
                 self._draft_pass(group, prepared)
         for group in self._groups(prepared, lambda w: w.piece, self.batched):
             self._pass(group)
+
+    @staticmethod
+    def _run_job(w: _Work) -> None:
+        try:
+            w.result = w.job()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            w.error = e
+        w.done.set()
 
     @staticmethod
     def _load(w: _Work, works: list[_Work]) -> Load:

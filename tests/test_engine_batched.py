@@ -317,3 +317,21 @@ def test_chosen_gamma_never_slows_the_batch_below_gamma0(rows, per_row):
     assert aggregate(c, g, load) >= aggregate(c, 0, load)
     assert aggregate(c, g, load) == pytest.approx(max(aggregate(c, k, load) for k in range(9)))
 
+
+
+def test_a_job_runs_on_the_engine_thread_and_returns_its_value():
+    """scheduler.call (a prefix's prefill): the value or the error comes back to the caller."""
+    from llm.scheduler import PassScheduler
+
+    sched = PassScheduler()
+    try:
+        assert sched.call(lambda: threading.current_thread().name) == "specvoice-engine"
+
+        def broken():
+            raise ValueError("no prefix")
+
+        with pytest.raises(ValueError, match="no prefix"):
+            sched.call(broken)
+        assert sched.call(lambda: 7) == 7  # the thread survives a failed job
+    finally:
+        sched.close()
