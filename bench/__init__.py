@@ -35,3 +35,12 @@ def report_header(benchmark: str, llm) -> dict:
                     "torch_threads": torch.get_num_threads(), "device": llm.device},
         "models": {"target": llm.target, "drafter": llm.drafter, "dtype": llm.dtype},
     }
+
+
+def write_json(path: Path, results, default=None) -> None:
+    """A benchmark's results as indented JSON at `path` (its folder made), and a line saying so."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=default) + "\n", encoding="utf-8")
+    print(f"wrote {path}")

@@ -32,7 +32,7 @@ def test_pipeline_llm_and_voice_never_import_bench():
 
 def test_the_check_sees_an_import_of_bench(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\ndef f():\n    from bench.load import ServeProcess\n")
+    bad.write_text("import os\ndef f():\n    from bench.load.serve import ServeProcess\n")
     assert _imports_bench(bad)
     (tmp_path / "ok.py").write_text("from pipeline.benchmarks import x\nimport benchmark\n")
     assert not _imports_bench(tmp_path / "ok.py")

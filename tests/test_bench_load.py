@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import require_model
 
-from bench.load import heap_stats, slope_per_min
+from bench.load.resources import heap_stats, slope_per_min
 from demo.cli import main
 from pipeline.timeline import V2V_PARTS
 

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from bench.load import summarize_level
+from bench.load.summary import summarize_level
 from demo.cli import main
 
 SMALL = "smollm2-135m-instruct"

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from realengine import LlamaServer, prometheus, running_server
 
-from bench.load import ServeProcess  # `specvoice serve` as a subprocess, as bench load starts it
+from bench.load.serve import ServeProcess  # `specvoice serve` as a subprocess, as bench load starts it
 from llm.openai_backend import OpenAIChatBackend
 from llm.types import SamplingParams
 

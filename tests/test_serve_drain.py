@@ -15,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from callfakes import TOKEN, RawCaller, silence_mulaw
 from conftest import require_model
-from bench.load import ServeProcess
+from bench.load.serve import ServeProcess
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(300)]
 
