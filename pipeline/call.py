@@ -61,16 +61,16 @@ from pipeline.receptionist.prompt import system_prompt
 from pipeline.config import Config
 from pipeline.receptionist.guard import FactGuard, turn_guard
 from pipeline.mqtt import MqttPublisher
-from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech
+from pipeline.events import KeyPress, KeypadEntry, TurnEnd, TurnPending
+from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech, ToolRunner
 from pipeline.report import CallReport, write_report
 from pipeline.sentences import SentenceSplitter
-from pipeline.stages.listen import KeyPress, Keypad, KeypadEntry, listen
+from pipeline.stages.listen import Keypad, listen
 from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
 from pipeline.stages.preempt import PreemptedBackend, Preemptor, TurnPreemption
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
-from pipeline.stages.tools_step import ToolRunner
-from pipeline.stages.turn_taking import TurnEnd, TurnPending, TurnTaker
+from pipeline.stages.turn_taking import TurnTaker
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import History, LLMResult, Turn
 from voice.endpointer import Endpointer, SpeechStarted

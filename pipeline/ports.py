@@ -6,6 +6,7 @@
     SpeechToText a finished utterance (16 kHz mono) -> text
     TextToSpeech a sentence -> AudioChunks (any sample rate)
     LLMBackend   messages -> TokenGroups (llm.backend)
+    ToolRunner   a tool call the model wrote -> its outcome (pipeline.receptionist.tools.ToolBox)
 
 Transports (telephony, local audio, in-process) implement the first two; voice/ and llm/
 implement the others. Tests swap any of them without touching the rest.
@@ -16,14 +17,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from llm.types import LLMBackend
 from voice.tts import AudioChunk
 
-__all__ = ["AudioFrame", "AudioSink", "AudioSource", "LLMBackend", "SpeechToText", "TextToSpeech"]
+__all__ = ["AudioFrame", "AudioSink", "AudioSource", "LLMBackend", "SpeechToText", "TextToSpeech", "ToolRunner"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,9 @@ class SpeechToText(Protocol):
 @runtime_checkable
 class TextToSpeech(Protocol):
     def synthesize(self, text: str) -> Iterator[AudioChunk]: ...
+
+
+class ToolRunner(Protocol):
+    """The call's tools (pipeline.receptionist.tools.ToolBox): run one call, never raise."""
+
+    def run(self, name: str, arguments: str | dict) -> Any: ...  # -> ToolOutcome

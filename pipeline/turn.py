@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llm.types import GenerationStats
-from pipeline.stages.turn_taking import TurnEnd
+from pipeline.events import TurnEnd
 from pipeline.timeline import TurnTimeline
 
 __all__ = ["BargeIn", "History", "LLMResult", "SpeechResult", "Turn"]

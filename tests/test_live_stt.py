@@ -16,7 +16,8 @@ from pipeline.config import load_config
 from pipeline.io import PacedSink, PushSource
 from pipeline.stages.listen import listen
 from pipeline.stages.live_stt import LiveTranscript
-from pipeline.stages.turn_taking import TurnEnd, TurnPending, TurnTaker
+from pipeline.events import TurnEnd, TurnPending
+from pipeline.stages.turn_taking import TurnTaker
 from test_streaming_stt import Scripted
 from voice.endpointer import EndpointConfig, Endpointer, SpeechEnded
 from voice.streaming_stt import StreamingTranscriber

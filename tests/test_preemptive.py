@@ -18,7 +18,7 @@ from pipeline.call import Call
 from pipeline.config import load_config
 from pipeline.ports import AudioFrame
 from pipeline.report import load_report
-from pipeline.stages.listen import KeyPress
+from pipeline.events import KeyPress
 from pipeline.stages.preempt import MAX_STARTS_PER_TURN
 from pipeline.stages.turn_taking import TurnTaker
 from voice.endpointer import EndpointConfig, Endpointer
@@ -204,7 +204,7 @@ def events(log, kind):
 
 async def test_a_waiting_pause_is_announced_with_the_audio_its_turn_end_will_carry():
     from pipeline.stages.preempt import same_audio
-    from pipeline.stages.turn_taking import TurnPending
+    from pipeline.events import TurnPending
     from voice.endpointer import SpeechEnded, SpeechStarted
 
     def piece(start, end):

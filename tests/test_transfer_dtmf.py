@@ -35,7 +35,8 @@ from callfakes import (
 )
 from pipeline.receptionist.bookings import open_store
 from pipeline.config import BridgeConfig, PipelineConfig
-from pipeline.stages.listen import MAX_KEYS, KeyPress, Keypad, KeypadEntry
+from pipeline.events import KeyPress, KeypadEntry
+from pipeline.stages.listen import MAX_KEYS, Keypad
 from pipeline.stages.tools_step import ACTION_LINES
 from pipeline.receptionist.tools import ToolBox
 from pipeline.transports.telephony.adapter import NoTransferLine

@@ -15,7 +15,8 @@ from pipeline.agent import load_end_of_turn
 from pipeline.call import Call
 from pipeline.config import load_config
 from pipeline.io import PacedSink, PushSource
-from pipeline.stages.turn_taking import TurnEnd, TurnTaker
+from pipeline.events import TurnEnd
+from pipeline.stages.turn_taking import TurnTaker
 from voice.endpointer import EndpointConfig, Endpointer, SpeechEnded, SpeechStarted
 from voice.turn_detector import TurnPolicy
 

@@ -18,41 +18,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Protocol
 
+from pipeline.events import KeyPress, KeypadEntry, TurnEnd
 from pipeline.ports import AudioSource
-from pipeline.stages.turn_taking import TurnEnd, TurnTaker
+from pipeline.stages.turn_taking import TurnTaker
 from voice.audio import STT_RATE
 from voice.endpointer import Endpointer, SpeechEnded, SpeechStarted
 
-__all__ = ["KeyPress", "Keypad", "KeypadEntry", "UtteranceTap", "listen"]
+__all__ = ["Keypad", "UtteranceTap", "listen"]
 
 END_KEY = "#"  # ends an entry at once, as phone menus have taught callers
 MAX_KEYS = 32  # an entry this long ends: a stuck key or a hostile peer cannot grow one forever
-
-
-@dataclass(frozen=True)
-class KeyPress:
-    """One key the caller pressed (0-9, *, #, A-D), and when (time.monotonic())."""
-
-    digit: str
-    t: float
-
-
-@dataclass(frozen=True)
-class KeypadEntry:
-    """Keys pressed in a row, as one turn of the caller's."""
-
-    digits: str  # without the closing '#' ("#" alone when that was the only key)
-    first_t: float  # the first key's press
-    ended_t: float  # when the entry was complete
-    ended_by: str  # "#" | "timeout" | "max_keys" | "flush"
-
-    @property
-    def text(self) -> str:
-        """The user's text for the model: marked, so it is not read as something said."""
-        return f"[keypad] {self.digits}"
 
 
 class Keypad:

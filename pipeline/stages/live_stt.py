@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stages.turn_taking import TurnEnd
+from pipeline.events import TurnEnd
 from voice.endpointer import Endpointer, SpeechEnded
 from voice.streaming_stt import FinishStats, StreamingTranscriber, TranscriptEvent
 

@@ -20,14 +20,12 @@ import json
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Any
 
 from llm.tool_calls import ToolCallParse
 from llm.types import Constraint
+from pipeline.ports import ToolRunner
 from pipeline.receptionist.plan import Outcome, act, parse_plan, plan_grammar
-
-if TYPE_CHECKING:
-    from pipeline.stages.respond import AnswerStream
+from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +79,7 @@ class PlanFilter:
         return "", ToolCallParse()
 
 
-async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: Any, caller_text: str = "") -> None:
+async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner, caller_text: str = "") -> None:
     result = answer.result
     store = toolbox.store
     start = time.monotonic()

@@ -51,7 +51,7 @@ import numpy as np
 
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 from pipeline.ports import LLMBackend, SpeechToText
-from pipeline.stages.turn_taking import TurnEnd, TurnPending
+from pipeline.events import TurnEnd, TurnPending
 
 log = logging.getLogger(__name__)
 

@@ -14,18 +14,15 @@ that receives calls already parsed (the OpenAI one) leaves them in `last_tool_pa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from llm.tool_calls import ToolCallFilter, ToolCallParse
 from llm.types import GenerationStats, SamplingParams
 from pipeline.ports import LLMBackend
 from pipeline.sentences import SentenceSplitter
+from pipeline.stages.answer import AnswerStream
 from pipeline.stages.plan_step import plan_turn
 from pipeline.stages.tools_step import tool_turn
 from pipeline.timeline import TurnTimeline
@@ -33,7 +30,7 @@ from pipeline.turn import BargeIn, LLMResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AnswerStream", "merge_stats", "respond"]
+__all__ = ["merge_stats", "respond"]
 
 
 async def respond(
@@ -95,127 +92,6 @@ async def respond(
             timeline.mark("llm_done")
         sentences.put_nowait(None)
     return result
-
-
-@dataclass
-class AnswerStream:
-    """One turn's LLM output on its way to the speaker, over one or more rounds
-    (generations): text -> (tool-call filter) -> splitter -> sentence queue."""
-
-    backend: LLMBackend
-    params: SamplingParams
-    splitter: SentenceSplitter
-    sentences: asyncio.Queue
-    timeline: TurnTimeline
-    barge_in: BargeIn
-    result: LLMResult
-    emit: Callable[..., None]
-    hold_line: str = ""  # said when a tool call begins before anything was said (once a turn)
-    guard: Callable[[str], str | None] | None = None  # the fact guard: a model sentence -> what is said
-    rounds: list[GenerationStats] = field(default_factory=list)  # one per finished generation
-    # The last round's text as the model wrote it, tool calls included (the tool step puts it
-    # in the history so that the next round's prompt starts with the tokens already in the
-    # KV cache; see llm.engine.template_messages).
-    written: str = ""
-    _before: Any = None  # the backend's stats before the live round: ours is the next to appear
-    _live: bool = False
-    _held: bool = False
-    _after_line: bool = False
-
-    async def round(self, messages: list[dict], filt: ToolCallFilter | None = None) -> tuple[str, ToolCallParse]:
-        """Generate once; speak what may be spoken (the end of the round flushes the
-        splitter: the caller hears "Let me check" before a tool runs). Returns the round's
-        speakable text and what the filter held back."""
-        self._before, self._live = self.backend.last_stats, True
-        said, written = [], []
-        self.written = ""
-        try:
-            async with contextlib.aclosing(self.backend.stream(messages, self.params, self.barge_in.event)) as stream:
-                async for group in stream:
-                    self.timeline.mark("first_token", min(group.timestamp, time.monotonic()))
-                    self.result.groups += 1
-                    if group.finish_reason:
-                        self.result.finish_reason = group.finish_reason
-                    if not group.text or self.barge_in.fired:
-                        continue
-                    written.append(group.text)
-                    said.append(self.say(filt.feed(group.text) if filt is not None else group.text))
-                    if filt is not None and filt.holding and self.hold_line and not self._held:
-                        self._hold()
-            parse = ToolCallParse()
-            if filt is not None:
-                tail, parse = filt.finish()
-                # Calls the server parsed itself (OpenAI `tool_calls`, llm/openai_backend.py)
-                # come from the backend; the filter's parse is for calls written as text.
-                parsed = getattr(self.backend, "last_tool_parse", None)
-                if parsed is not None and parsed.found:
-                    parse = parsed
-                if not self.barge_in.fired:
-                    said.append(self.say(tail))
-            if not self.barge_in.fired:
-                self.flush()
-            self.written = "".join(written)
-            return "".join(said), parse
-        finally:
-            self.close_round()
-
-    def _hold(self) -> None:
-        """A tool call began: whatever the model said before it goes out now; if that was
-        nothing, the hold line does, so the caller is not left in silence while the call is
-        written, run and answered."""
-        self._held = True  # once a turn
-        self.flush()
-        if not self.result.sentences:
-            self.result.hold_line_t = time.monotonic()
-            self.line(self.hold_line)
-            self.emit("hold_line", text=self.hold_line)
-
-    def close_round(self) -> None:
-        if self._live:
-            stats = self.backend.last_stats
-            if stats is not None and stats is not self._before:
-                self.rounds.append(stats)
-            self._live = False
-
-    def passes_so_far(self) -> int:
-        done = sum(s.passes for s in self.rounds)
-        live = self.backend.last_stats
-        return done + (live.passes if self._live and live is not None and live is not self._before else 0)
-
-    def say(self, text: str) -> str:
-        if text:
-            if self._after_line and not text[0].isspace():
-                self.result.text += " "  # the model goes on after a line of ours (the hold line)
-            self._after_line = False
-            self.result.text += text
-            self.emit("llm_text", text=text)
-            for sentence in self.splitter.feed(text):
-                self._hand(sentence)
-        return text
-
-    def flush(self) -> None:
-        for sentence in self.splitter.flush():
-            self._hand(sentence)
-
-    def line(self, sentence: str) -> None:
-        """A fixed sentence of ours (not the model's), spoken after whatever is pending."""
-        self.flush()
-        self.result.text += (" " if self.result.text and not self.result.text.endswith(" ") else "") + sentence
-        self._after_line = True
-        self._hand(sentence, ours=True)
-
-    def _hand(self, sentence: str, ours: bool = False) -> None:
-        if self.guard is not None and not ours:
-            said = self.guard(sentence)
-            if said != sentence:
-                self.emit("guarded", sentence=sentence, said=said)
-            if said is None:
-                return
-            sentence = said
-        self.timeline.mark("first_sentence")
-        self.result.sentences.append(sentence)
-        self.sentences.put_nowait(sentence)
-        self.emit("sentence", text=sentence)
 
 
 def merge_stats(rounds: list[GenerationStats]) -> GenerationStats | None:

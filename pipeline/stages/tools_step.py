@@ -22,28 +22,21 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from llm.tool_calls import ToolCall, ToolCallFilter, ToolCallParse
+from pipeline.ports import ToolRunner
 from pipeline.receptionist.tools import TOOLS
-
-if TYPE_CHECKING:
-    from pipeline.stages.respond import AnswerStream
+from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "ToolRunner", "result_line", "tool_names", "tool_turn"]
+__all__ = ["ACTION_LINES", "FALLBACK", "MAX_ROUNDS", "result_line", "tool_names", "tool_turn"]
 
 MAX_ROUNDS = 3
 FALLBACK = "Sorry, I couldn't do that. Let me take a message instead."
 # Said when a tool ends the call and the model said nothing in the turn before calling it.
 ACTION_LINES = {"transfer": "Let me transfer you now.", "end_call": "Goodbye."}
-
-
-class ToolRunner(Protocol):
-    """What the turn needs of pipeline.receptionist.tools.ToolBox: run one call, never raise."""
-
-    def run(self, name: str, arguments: str | dict) -> Any: ...  # -> ToolOutcome
 
 
 async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner,

@@ -33,49 +33,21 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from pipeline.events import TurnEnd, TurnPending
 from voice.endpointer import SpeechEnded, SpeechStarted
 from voice.turn_detector import TurnPolicy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EndOfTurnModel", "TurnEnd", "TurnPending", "TurnTaker"]
+__all__ = ["EndOfTurnModel", "TurnTaker"]
 
 
 class EndOfTurnModel(Protocol):
     def probability(self, audio_16k: np.ndarray) -> float: ...
-
-
-@dataclass(frozen=True)
-class TurnEnd:
-    """A finished caller turn: the whole utterance and how its end was decided."""
-
-    utterance: SpeechEnded
-    reason: str  # "silence" (no model) | "model" | "timeout" | "max_length" | "flush"
-    probability: float | None = None  # the end-of-turn model's last answer, if asked
-    pauses: int = 1  # pauses merged into this turn
-    # The transcript of exactly this audio, made at its last pause (`transcribe_pause`): the
-    # turn awaits it instead of transcribing (a task giving None: transcribe as usual).
-    transcript: asyncio.Future | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class TurnPending:
-    """A pause after which the turn-taker waits: the pending turn's audio so far. If the
-    turn then ends with no new speech, its TurnEnd's utterance audio is this very audio
-    (same pieces, `pauses` of them)."""
-
-    audio: np.ndarray
-    pauses: int  # pieces in the turn so far: this pause's place in the turn
-    start_t: float
-    last_voiced_t: float
-    declared_t: float  # when the pause was decided to be no end (after the model answered)
-    probability: float | None
-    transcript: asyncio.Future | None = field(default=None, compare=False)  # as TurnEnd's
 
 
 class TurnTaker:

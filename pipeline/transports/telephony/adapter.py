@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import Config
+from pipeline.events import KeyPress
 from pipeline.ports import AudioFrame
-from pipeline.stages.listen import KeyPress
 from pipeline.transports.telephony.protocol import Dtmf, Media, Stop
 from pipeline.transports.telephony.call import TelephonyCall
 from voice import mulaw
