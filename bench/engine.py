@@ -11,11 +11,12 @@ model's step cost is measured separately.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
 from pathlib import Path
+
+from bench import write_json
 
 HELP = "engine at controlled acceptance: random 7B/0.5B-shaped models, oracle drafter, vs gamma 0 and HF generate"
 DESCRIPTION = """\
@@ -396,9 +397,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print_table(report)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        write_json(args.out, report)
     return 0 if report["all_exact"] else 1
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench import write_json
 
 HELP = ("a scripted multi-turn call, speculation on vs off: per-turn latency side by side "
         "(--turn-modes: baseline, streaming_stt, smart_turn, preemptive turn endings)")
@@ -397,9 +398,7 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
                                        "preemptive_hit": t.get("preemptive_hit"),
                                        "preemptive": t.get("preemptive")} for t in rep["turns"]]
                                for mode, rep in runs.items()}}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}")
+        write_json(args.out, result)
     return 0
 
 
@@ -477,7 +476,5 @@ def run(args: argparse.Namespace) -> int:
                          for label, rep in runs.items()},
             "reports": {label: rep["report_path"] for label, rep in runs.items()},
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}")
+        write_json(args.out, result)
     return 0

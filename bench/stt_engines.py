@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import write_json
 from bench.voice import (BUSINESS_VOCABULARY, DOMAIN_SENTENCES, _pad, _speech_dir, dialogue_questions,
-                              noise_clips, piper_audio, wer_words)
+                         noise_clips, piper_audio, wer_words)
 
 SETS = ("lj", "questions", "domain")
 
@@ -171,9 +172,7 @@ def run_engines(args: argparse.Namespace) -> int:
 
     print(engines_table(results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.out}")
+        write_json(args.out, results)
     return 0
 
 

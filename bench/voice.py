@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench import DIALOGUES, ROOT
+from bench import DIALOGUES, ROOT, write_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -235,9 +235,7 @@ def run(args: argparse.Namespace) -> int:
     for line in skipped:
         print(f"skipped: {line}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.out}")
+        write_json(args.out, results)
     return 0
 
 
@@ -439,9 +437,7 @@ def run_vocabulary(args: argparse.Namespace) -> int:
     print(_vocabulary_table(results))
     print(_differences(results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.out}")
+        write_json(args.out, results)
     return 0
 
 

@@ -43,6 +43,7 @@ def _median(values: list[float]) -> float | None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from bench import write_json
     from bench.chromium import CHROMIUM
     from demo.commands import load_config_or_exit
 
@@ -53,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
     result = asyncio.run(_bench(config, args))
     _print(result)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.out}")
+        write_json(args.out, result)
     return 0
 
 
