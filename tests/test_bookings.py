@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import signal
 import sqlite3
-import threading
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from pipeline.receptionist.bookings import (
     open_store, slot_day,
 )
 from test_bookings_postgres import SLOTS, new_database, pg_server  # noqa: F401 (pg_server: the shared fixture)
+from threadrace import race
 
 TUESDAY, WEDNESDAY, FRIDAY = SLOTS
 STRANGE_NAME = "  Zoë O'Néill-Ngũgĩ 李 (spelled Z-O-E) "  # stored exactly as given, spaces included
@@ -225,21 +225,7 @@ def test_the_index_refuses_a_second_active_booking_whatever_the_code_checked(sto
 
 def test_many_threads_racing_for_one_slot_one_wins(store):
     callers = 12
-    barrier = threading.Barrier(callers)
-    results: dict[int, object] = {}
-
-    def call(i: int):
-        barrier.wait(timeout=60)
-        try:
-            results[i] = store.book(FRIDAY, f"caller {i}", call_id=f"call-{i}")
-        except SlotUnavailable as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(callers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    results = race(callers, lambda i: store.book(FRIDAY, f"caller {i}", call_id=f"call-{i}"), catch=(SlotUnavailable,))
     assert len(results) == callers
     winners = [r for r in results.values() if not isinstance(r, SlotUnavailable)]
     losers = [r for r in results.values() if isinstance(r, SlotUnavailable)]

@@ -27,6 +27,7 @@ from typing import Iterator
 import pytest
 
 from pipeline.receptionist.bookings import DatabaseError, describe_database, open_store
+from threadrace import race
 
 def _server_bin() -> Path:
     """Debian's newest installed server (/usr/lib/postgresql/<major>/bin), or where 15 would be."""
@@ -135,23 +136,13 @@ def test_concurrent_first_opens_migrate_once(pg_server):
     """Several processes' first open of an empty database: the advisory lock lets one
     migrator create the tables; none fails, version 1 is recorded once."""
     url = new_database(pg_server)
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(6)
 
-    def open_one():
-        try:
-            barrier.wait(timeout=60)
-            with open_store(url, open_slots=SLOTS):
-                pass
-        except BaseException as exc:  # collected and asserted below
-            errors.append(exc)
+    def open_one(i: int) -> None:
+        with open_store(url, open_slots=SLOTS):
+            pass
 
-    threads = [threading.Thread(target=open_one) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert errors == []
+    results = race(6, open_one, catch=(BaseException,))  # errors are collected and asserted here
+    assert list(results.values()) == [None] * 6
     with open_store(url) as store:
         assert store.schema_versions() == [1]
         assert store.open_slots() == SLOTS  # seeded once, not six times

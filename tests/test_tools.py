@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from conftest import examples
 from pipeline.receptionist.bookings import DatabaseError, open_store
 from pipeline.receptionist.tools import TOOL_SCHEMAS, TOOLS, ToolBox, ToolOutcome
+from threadrace import race
 
 SLOTS = ["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno", "Friday 9:00 a.m. with Dr. Patel"]
 TUESDAY, WEDNESDAY, FRIDAY = SLOTS
@@ -116,22 +116,9 @@ def test_concurrent_calls_booking_one_slot_one_wins(store):
     """Calls in their own threads (as the turn runs tools): one gets the slot, every other
     is told it is taken and offered the slots still open."""
     calls = 8
-    barrier = threading.Barrier(calls)
-    outcomes: list[ToolOutcome] = []
-    lock = threading.Lock()
-
-    def call(i: int):
-        box = ToolBox(store, call_id=f"call-{i}")
-        barrier.wait(timeout=60)
-        outcome = box.run("book_slot", {"slot": WEDNESDAY, "name": f"caller {i}"})
-        with lock:
-            outcomes.append(outcome)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    outcomes: list[ToolOutcome] = list(race(
+        calls, lambda i: ToolBox(store, call_id=f"call-{i}").run("book_slot", {"slot": WEDNESDAY, "name": f"caller {i}"}),
+    ).values())
     assert len(outcomes) == calls
     winners = [o for o in outcomes if o.ok]
     assert len(winners) == 1
