@@ -28,6 +28,7 @@ from callfakes import (
     snapshot,
     wait_for,
 )
+from callsteps import answered_then_hung_up
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,6 +53,17 @@ class CountingBackend(ScriptedBackend):
 async def _started(models: FakeModels, n: int = 1) -> ScriptedBackend:
     await wait_for(lambda: len(models.backends) >= n and models.backends[n - 1].started.is_set(), 10, "the LLM")
     return models.backends[n - 1]
+
+
+@contextlib.asynccontextmanager
+async def one_call(cfg, models: FakeModels):
+    """The bridge with one caller on the line: (bridge, port, caller). On leaving, nothing
+    of the calls made meanwhile is left running (tasks, threads, voice work)."""
+    async with agent_bridge(cfg, models) as (bridge, port, handler):
+        before = snapshot()
+        c = await RawCaller(port).open()
+        yield bridge, port, c
+        await assert_released(before)
 
 
 # ---------------------------------------------------------------- the caller goes away
@@ -81,9 +93,7 @@ async def test_disconnect_mid_llm(tmp_path):
     cfg = rel_config(tmp_path)
     groups = ["Let me see. "] + ["and so on "] * 40
     models = FakeModels(backend=lambda: CountingBackend(groups, delay_s=0.1))
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         backend = await _started(models)
         # The LLM is mid-answer: its first sentence and more are out, 3.8 s of groups to go.
@@ -99,16 +109,13 @@ async def test_disconnect_mid_llm(tmp_path):
         assert len(turn["agent_text"]) < len("".join(groups))
         models.backend = ScriptedBackend
         await a_good_call(port, cfg)
-        await assert_released(before)
 
 
 async def test_disconnect_mid_tts(tmp_path):
     cfg = rel_config(tmp_path)
     tts = ToneTTS(chunks=20, chunk_s=0.1, delay_s=0.1)  # 2 s of synthesis work per sentence
     models = FakeModels(tts=tts)
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         await wait_for(lambda: c.media_in > 0, 10, "agent audio")
         assert tts.active == 1  # synthesis in progress
@@ -118,31 +125,25 @@ async def test_disconnect_mid_tts(tmp_path):
         await wait_for(lambda: tts.active == 0, 5, "the TTS worker to stop")
         tts.delay_s = 0.0
         await a_good_call(port, cfg)
-        await assert_released(before)
 
 
 async def test_stop_never_sent_clean_close(tmp_path):
     cfg = rel_config(tmp_path)
     models = FakeModels()
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         assert await c.wait_reply()
         await c.close()  # WebSocket close frame, but no `stop`
         data = await report_of(cfg, c.call_sid)
         assert data["end_reason"] == "caller_hangup" and len(data["turns"]) == 1
         await a_good_call(port, cfg)
-        await assert_released(before)
 
 
 async def test_stop_never_sent_and_line_goes_silent_idle_timeout(tmp_path, caplog):
     """The peer keeps the socket open but sends nothing: the idle timeout ends the call."""
     cfg = rel_config(tmp_path, idle_timeout_s=1.0)
     models = FakeModels()
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         assert await c.wait_reply()
         # ... and then nothing: no media, no stop.
@@ -151,7 +152,6 @@ async def test_stop_never_sent_and_line_goes_silent_idle_timeout(tmp_path, caplo
         assert data["end_reason"] == "idle_timeout" and len(data["turns"]) == 1
         assert "no message for 1.0 s" in caplog.text
         await a_good_call(port, cfg)
-        await assert_released(before)
 
 
 async def test_slow_reader_stalled_socket(tmp_path):
@@ -161,9 +161,7 @@ async def test_slow_reader_stalled_socket(tmp_path):
     cfg = rel_config(tmp_path, idle_timeout_s=1.5)
     tts = ToneTTS(chunks=30, chunk_s=0.2)  # 6 s of audio per sentence
     models = FakeModels(tts=tts)
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         await wait_for(lambda: c.media_in > 0, 10, "agent audio")
         c.stop_reading()
@@ -174,7 +172,6 @@ async def test_slow_reader_stalled_socket(tmp_path):
         assert data["end_reason"] == "idle_timeout", data["end_reason"]
         await wait_for(lambda: bridge.active_calls == 0 and not bridge.calls, 20, "the stalled call to close")
         c.ws.transport.abort()
-        await assert_released(before)
 
 
 # ---------------------------------------------------------------- faults on the agent's side
@@ -184,17 +181,12 @@ async def test_llm_raises_inside_a_turn_call_goes_on(tmp_path):
     cfg = rel_config(tmp_path)
     first = ScriptedBackend(["Sure, one moment. ", "x"], fail_after=1)
     models = FakeModels(backend=lambda: first)
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         assert await c.wait_reply()  # what was generated before the failure is spoken
         first.fail_after = None
         first.groups = ["We open at nine."]
-        await c.say()
-        assert await c.wait_reply()  # the next turn is answered normally
-        await c.stop()
-        await c.wait_closed()
+        await answered_then_hung_up(c)  # the next turn is answered normally
         data = await report_of(cfg, c.call_sid)
         assert data["end_reason"] == "caller_hangup"
         t0, t1 = data["turns"]
@@ -202,15 +194,12 @@ async def test_llm_raises_inside_a_turn_call_goes_on(tmp_path):
         assert t0["agent_text"] == "Sure, one moment. " and "error" not in t1
         assert "model exploded" in data["error"]
         await a_good_call(port, cfg)
-        await assert_released(before)
 
 
 async def test_stt_returns_nothing_no_llm_call(tmp_path):
     cfg = rel_config(tmp_path)
     models = FakeModels(stt=ScriptedSTT(""))
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         await wait_for(lambda: models.stt.calls == 1, 10, "STT")
         await c.say()
@@ -222,26 +211,19 @@ async def test_stt_returns_nothing_no_llm_call(tmp_path):
         assert c.media_in == 0 and models.backends[0].opened == 0  # no LLM call, no audio
         models.stt.text = "Hello?"
         await a_good_call(port, cfg)
-        await assert_released(before)
 
 
 async def test_stt_raises_turn_recorded_call_goes_on(tmp_path):
     cfg = rel_config(tmp_path)
     models = FakeModels(stt=ScriptedSTT(error=RuntimeError("whisper crashed")))
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         await c.say()
         await wait_for(lambda: models.stt.calls == 1, 10, "STT")
         models.stt.error = None
-        await c.say()
-        assert await c.wait_reply()
-        await c.stop()
-        await c.wait_closed()
+        await answered_then_hung_up(c)
         data = await report_of(cfg, c.call_sid)
         t0, t1 = data["turns"]
         assert "whisper crashed" in t0["error"] and t1["agent_text"]
-        await assert_released(before)
 
 
 async def test_handler_crash_is_reported_and_bridge_survives(tmp_path, caplog):
@@ -260,9 +242,7 @@ async def test_handler_crash_is_reported_and_bridge_survives(tmp_path, caplog):
     models = FakeModels()
     good = models.new_endpointer
     models.new_endpointer = BrokenEndpointer
-    async with agent_bridge(cfg, models) as (bridge, port, handler):
-        before = snapshot()
-        c = await RawCaller(port).open()
+    async with one_call(cfg, models) as (bridge, port, c):
         with contextlib.suppress(ConnectionClosed):
             await c.say()
         data = await report_of(cfg, c.call_sid)
@@ -270,7 +250,6 @@ async def test_handler_crash_is_reported_and_bridge_survives(tmp_path, caplog):
         await c.wait_closed()
         models.new_endpointer = good
         await a_good_call(port, cfg)
-        await assert_released(before)
     assert "endpointer bug" in caplog.text
 
 
@@ -286,9 +265,7 @@ async def test_mqtt_broker_dies_and_comes_back(tmp_path):
         "enabled": True, "port": broker.port, "topic_prefix": "svfault", "retry_s": 0.05})})
     models = FakeModels()
     try:
-        async with agent_bridge(cfg, models) as (bridge, port, handler):
-            before = snapshot()
-            c = await RawCaller(port).open()
+        async with one_call(cfg, models) as (bridge, port, c):
             topic = f"svfault/calls/{c.call_sid}/#"
             ready = asyncio.Event()
             # Turns and the summary; the live events topic (end of turn, ...) is not counted.
@@ -302,10 +279,7 @@ async def test_mqtt_broker_dies_and_comes_back(tmp_path):
             await c.say()
             assert await c.wait_reply()  # the call does not notice
             broker.start()  # ... and comes back
-            await c.say()
-            assert await c.wait_reply()
-            await c.stop()
-            await c.wait_closed()
+            await answered_then_hung_up(c)
             data = await report_of(cfg, c.call_sid)
             assert data["end_reason"] == "caller_hangup" and len(data["turns"]) == 3
             # Everything published after the outage reaches the subscriber's session.
@@ -316,7 +290,6 @@ async def test_mqtt_broker_dies_and_comes_back(tmp_path):
             assert turns == [0, 1, 2], turns
             assert any(str(m.topic).endswith("/summary") for m in got)
             await a_good_call(port, cfg)
-            await assert_released(before)
     finally:
         broker.stop()
 

@@ -33,6 +33,7 @@ from callfakes import (
     url,
     wait_for,
 )
+from callsteps import answered_then_hung_up
 from pipeline.transports.telephony.protocol import Media, Start, encode_event
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,6 +63,15 @@ async def closed_with(ws, timeout: float = 5.0) -> int | None:
     return ws.close_code
 
 
+async def closed_as_protocol_error(cfg, c: RawCaller, code: int) -> dict:
+    """The bridge closed the call with `code`, and the call's report (returned) says it
+    ended on a protocol error."""
+    assert await c.wait_closed() == code
+    data = await report_of(cfg, c.call_sid)
+    assert data["end_reason"] == "protocol_error"
+    return data
+
+
 def start_msg(sid: str = "MZhostile", call_sid: str = "CAhostile", custom: dict | None = None) -> str:
     return encode_event(Start(sid, call_sid, "AC1", custom or {}))
 
@@ -82,9 +92,8 @@ async def test_malformed_json_mid_call_ends_call_with_report(served, caplog):
     await c.say()
     assert await c.wait_reply()
     await c.ws.send('{"event": "media", "media": {"payload": ')
-    assert await c.wait_closed() == 1007
-    data = await report_of(cfg, c.call_sid)
-    assert data["end_reason"] == "protocol_error" and len(data["turns"]) == 1
+    data = await closed_as_protocol_error(cfg, c, 1007)
+    assert len(data["turns"]) == 1
     assert f"call {c.sid}: protocol error (json)" in caplog.text
 
 
@@ -93,10 +102,7 @@ async def test_unknown_events_are_ignored_and_logged(served, caplog):
     c = await RawCaller(port).open()
     for event in ["telepathy", "clear", "START", "x" * 500]:
         await c.ws.send(json.dumps({"event": event, "streamSid": c.sid}))
-    await c.say()
-    assert await c.wait_reply()  # the call went on
-    await c.stop()
-    await c.wait_closed()
+    await answered_then_hung_up(c)  # the call went on
     assert "ignoring unknown event 'telepathy'" in caplog.text
     assert "x" * 100 not in caplog.text  # logged names are bounded
 
@@ -107,10 +113,7 @@ async def test_media_before_start_is_ignored_with_one_log_line(served, caplog):
     for _ in range(50):
         await c.ws.send(encode_event(Media(c.sid, tone_mulaw(0.02))))
     await c.ws.send(start_msg(c.sid, c.call_sid))
-    await c.say()
-    assert await c.wait_reply()
-    await c.stop()
-    await c.wait_closed()
+    await answered_then_hung_up(c)
     lines = [r for r in caplog.records if "media before start, ignored" in r.getMessage()]
     assert len(lines) == 1  # one line, not fifty
     assert models.stt.calls == 1  # the audio before start was not heard as speech
@@ -120,9 +123,7 @@ async def test_second_start_closes_1008_and_report_written(served, caplog):
     cfg, bridge, port, _ = served
     c = await RawCaller(port).open()
     await c.ws.send(start_msg("MZother", "CAother"))
-    assert await c.wait_closed() == 1008
-    data = await report_of(cfg, c.call_sid)
-    assert data["end_reason"] == "protocol_error"
+    await closed_as_protocol_error(cfg, c, 1008)
     assert "CAother" not in reports(cfg)  # the second start never became a call
     assert "second start message, closing" in caplog.text
 
@@ -144,17 +145,12 @@ async def test_wrong_base64_payloads(served, caplog):
         caplog.clear()
         c = await RawCaller(port).open()
         await c.ws.send(json.dumps({"event": "media", "streamSid": c.sid, "media": {"payload": payload}}))
-        assert await c.wait_closed() == code, payload
+        await closed_as_protocol_error(cfg, c, code)
         assert f"protocol error ({kind})" in caplog.text, payload
-        data = await report_of(cfg, c.call_sid)
-        assert data["end_reason"] == "protocol_error"
     # Valid base64 of any length is fine: 60 bytes of 0xff.
     c = await RawCaller(port).open()
     await c.ws.send(json.dumps({"event": "media", "streamSid": c.sid, "media": {"payload": "////" * 20}}))
-    await c.say()
-    assert await c.wait_reply()
-    await c.stop()
-    assert await c.wait_closed() == 1000
+    assert await answered_then_hung_up(c) == 1000
 
 
 async def test_oversized_base64_refused_before_decoding(served, caplog):
@@ -192,9 +188,8 @@ async def test_message_of_several_megabytes_closes_1009(served, caplog):
         await c.ws.send(blob)
     except ConnectionClosed:
         pass
-    assert await c.wait_closed() == 1009  # message too big
-    data = await report_of(cfg, c.call_sid)
-    assert data["end_reason"] == "protocol_error" and len(data["turns"]) == 1
+    data = await closed_as_protocol_error(cfg, c, 1009)  # message too big
+    assert len(data["turns"]) == 1
     assert f"call {c.sid}: connection closed with 1009 (frame exceeds limit of 65536 bytes)" in caplog.text
 
 
@@ -226,10 +221,7 @@ async def test_flood_of_messages_is_bounded(served, caplog):
             # elsewhere; else a slow machine starves it past its idle timeout.
             await asyncio.sleep(0)
     flood_s = time.monotonic() - t
-    await c.say()
-    assert await c.wait_reply(20)
-    await c.stop()
-    await c.wait_closed()
+    await answered_then_hung_up(c, 20)
     grown = (psutil.Process().memory_info().rss - rss0) / 2 ** 20
     assert grown < 150, f"RSS grew {grown:.0f} MB during a flood of 20000 messages ({flood_s:.1f} s)"
     data = await report_of(cfg, c.call_sid)
@@ -269,10 +261,7 @@ async def test_slowloris_handshake_is_cut_off(served, caplog):
         peers.append(asyncio.create_task(slow_peer(s)))
     # Meanwhile a real call is served.
     c = await RawCaller(port).open()
-    await c.say()
-    assert await c.wait_reply()
-    await c.stop()
-    await c.wait_closed()
+    await answered_then_hung_up(c)
     assert await asyncio.gather(*peers) == [True] * len(peers)
     assert bridge.active_calls == 0
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import InvalidStatus
 
 from callfakes import TOKEN, FakeModels, RawCaller, rel_config, report_of, wait_for
+from callsteps import answered_then_hung_up, one_answered_call
 from pipeline.transports.telephony.auth import BridgeTokens
 from pipeline.transports.web.agent_server import agent_server
 
@@ -128,10 +129,7 @@ async def test_metrics_after_a_call_parsed_by_prometheus_client(tmp_path):
         with pytest.raises(InvalidStatus) as refused:
             await RawCaller(port).open()
         assert refused.value.response.status_code == 503
-        await c.say()
-        assert await c.wait_reply()
-        await c.stop()
-        await c.wait_closed()
+        await answered_then_hung_up(c)
         report = await report_of(cfg, c.call_sid)
         await wait_for(lambda: server.active_calls == 0, 10, "the slot to free")
         after = await scrape(port)
@@ -198,12 +196,7 @@ async def raw_get(port: int, path: str) -> bytes:
 
 async def test_calls_page_lists_the_call_and_links_its_report(tmp_path):
     async with served(tmp_path) as (cfg, _, port):
-        c = await RawCaller(port).open()
-        await c.say()
-        assert await c.wait_reply()
-        await c.stop()
-        await c.wait_closed()
-        await report_of(cfg, c.call_sid)
+        c, _ = await one_answered_call(port, cfg)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             listing = (await client.get("/calls", headers={"Accept": "application/json"})).json()["calls"]
             assert [x["call_id"] for x in listing] == [c.call_sid]
@@ -318,12 +311,7 @@ async def test_phone_calls_are_recorded_only_when_the_config_says_all(tmp_path):
                               render_report=render_html, greeting=False, preload=False)
         port = await server.start()
         try:
-            c = await RawCaller(port).open()
-            await c.say()
-            assert await c.wait_reply()
-            await c.stop()
-            await c.wait_closed()
-            await report_of(cfg, c.call_sid)
+            c, _ = await one_answered_call(port, cfg)
             await wait_for(lambda: server.active_calls == 0, 10, "the call to end")
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 name = (await client.get("/calls", headers={"Accept": "application/json"})).json()["calls"][0]["name"]

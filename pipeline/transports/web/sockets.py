@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from websockets.exceptions import ConnectionClosed
@@ -59,18 +61,17 @@ class AsgiSocket:
         return message.get("bytes") or b""
 
     async def send(self, text: str) -> None:
-        if self.sent_code is not None:
-            raise ConnectionClosed(None, None)
-        try:
-            await self.ws.send_text(text)
-        except (WebSocketDisconnect, OSError, RuntimeError) as exc:
-            raise ConnectionClosed(None, None) from exc
+        await self._send(self.ws.send_text, text)
 
     async def send_bytes(self, data: bytes) -> None:
+        await self._send(self.ws.send_bytes, data)
+
+    async def _send(self, send: Callable[[Any], Awaitable[None]], data: str | bytes) -> None:
+        """One message out; a socket we closed, or one gone under us, raises ConnectionClosed."""
         if self.sent_code is not None:
             raise ConnectionClosed(None, None)
         try:
-            await self.ws.send_bytes(data)
+            await send(data)
         except (WebSocketDisconnect, OSError, RuntimeError) as exc:
             raise ConnectionClosed(None, None) from exc
 
