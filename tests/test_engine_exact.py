@@ -8,12 +8,9 @@ import torch
 from llm.engine import SpeculativeEngine
 from llm.loading import load_model
 from llm.model import forward, new_cache
+from greedy_refs import PROMPTS, assert_hf_greedy, gamma0_outputs
 from llm.types import SamplingParams
 
-PROMPTS = [
-    "A cleaning costs $89, a check-up $59. Dr. Patel has a slot on Tuesday at 10:30 a.m. A cleaning costs",
-    "Hello! How can I help you today? Café, naïve, jalapeño — 日本語. Hello! How can",
-]
 
 
 def engine(path, draft=None, drafter="none", gamma=0, dtype="float32"):
@@ -29,25 +26,12 @@ def run(eng, prompt_text, max_new=32):
 @pytest.fixture(scope="module")
 def baselines(tiny_models):
     """gamma = 0 outputs of each target, per dtype and prompt."""
-    out = {}
-    for name in ("target", "target2", "llama"):
-        for dtype in ("float32", "int8"):
-            eng = engine(tiny_models[name], dtype=dtype)
-            for p in PROMPTS:
-                out[name, dtype, p] = run(eng, p)[1]
-    return out
+    return gamma0_outputs(tiny_models, engine, lambda eng, p: run(eng, p)[1])
 
 
 @pytest.mark.parametrize("name", ["target", "target2", "llama"])
 def test_gamma0_matches_hf_generate(tiny_models, baselines, name):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(tiny_models[name], dtype=torch.float32).eval()
-    eng = engine(tiny_models[name])
-    for p in PROMPTS:
-        prompt = eng.encode(p)
-        ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32, eos_token_id=None, pad_token_id=0)
-        assert baselines[name, "float32", p] == ref[0, len(prompt):].tolist()
+    assert_hf_greedy(tiny_models[name], engine(tiny_models[name]), baselines, name, 32)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])

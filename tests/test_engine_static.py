@@ -11,12 +11,9 @@ import torch
 
 from llm.engine import SpeculativeEngine
 from llm.model import forward, forward_fixed, new_cache
+from greedy_refs import PROMPTS, assert_hf_greedy, gamma0_outputs
 from llm.types import SamplingParams
 
-PROMPTS = [
-    "A cleaning costs $89, a check-up $59. Dr. Patel has a slot on Tuesday at 10:30 a.m. A cleaning costs",
-    "Hello! How can I help you today? Café, naïve, jalapeño — 日本語. Hello! How can",
-]
 NEW = 32
 
 
@@ -34,13 +31,7 @@ def run(eng, text, conv=None, max_new=NEW):
 @pytest.fixture(scope="module")
 def baselines(tiny_models):
     """gamma = 0, fixed width: outputs per (target, dtype, prompt)."""
-    out = {}
-    for name in ("target", "target2", "llama"):
-        for dtype in ("float32", "int8"):
-            eng = engine(tiny_models[name], dtype=dtype)
-            for p in PROMPTS:
-                out[name, dtype, p] = run(eng, p)[0]
-    return out
+    return gamma0_outputs(tiny_models, engine, lambda eng, p: run(eng, p)[0])
 
 
 def test_fixed_width_options_and_static_cache(tiny_models):
@@ -68,14 +59,7 @@ def test_fixed_width_options_and_static_cache(tiny_models):
 
 @pytest.mark.parametrize("name", ["target", "target2", "llama"])
 def test_gamma0_fixed_width_matches_hf_generate(tiny_models, baselines, name):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(tiny_models[name], dtype=torch.float32).eval()
-    eng = engine(tiny_models[name])
-    for p in PROMPTS:
-        prompt = eng.encode(p)
-        ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
-        assert baselines[name, "float32", p] == ref[0, len(prompt):].tolist()
+    assert_hf_greedy(tiny_models[name], engine(tiny_models[name]), baselines, name, NEW)
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5, 6, 7, 8])
