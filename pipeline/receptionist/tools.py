@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -62,6 +62,10 @@ class _Args(BaseModel):
         return value
 
 
+# The name a booking or a message is made under (both tools ask for it the same way).
+CallerName = Annotated[str, Field(description="the caller's name, spelled as the caller said it")]
+
+
 class CheckSlots(_Args):
     """List the open appointment slots. Call this before offering or booking a time."""
 
@@ -72,7 +76,7 @@ class BookSlot(_Args):
     """Book an open appointment slot for the caller."""
 
     slot: str = Field(description="the slot exactly as check_slots listed it, e.g. 'Tuesday 10:30 a.m. with Dr. Patel'")
-    name: str = Field(description="the caller's name, spelled as the caller said it")
+    name: CallerName
     phone: str | None = Field(default=None, description="a phone number to reach the caller, if given")
 
 
@@ -93,7 +97,7 @@ class CancelBooking(_Args):
 class TakeMessage(_Args):
     """Take a message for the staff when you cannot help the caller yourself."""
 
-    name: str = Field(description="the caller's name, spelled as the caller said it")
+    name: CallerName
     text: str = Field(description="the message, in the caller's words")
     callback: str | None = Field(default=None, description="a phone number or time to call back, if given")
 
