@@ -110,17 +110,24 @@ check time times day days today tonight tomorrow now currently still around abou
 hi hello hey bye goodbye welcome glad happy
 """.split())
 _WORD = re.compile(r"[a-z][a-z']*")
+
+
+def _words(*alternatives: str) -> re.Pattern:
+    """Any one of the alternatives (regex pieces) as whole words: \\b(?:a|b|...)\\b."""
+    return re.compile(r"\b(?:" + "|".join(alternatives) + r")\b")
+
+
 _MONEY = re.compile(r"\$\d+(?:\.\d\d)?")
 _TIME = re.compile(r"(?<![\d:.])\d{1,2}(?::\d\d)? [ap]m\b")
 _PHONE = re.compile(r"(?<![\d-])(?:\d{3}-)?\d{3}-\d{4}(?![\d-])")
 _UNITS = r"(?:days?|weeks?|months?|years?|hours?|minutes?|mins?|seconds?|people|persons?|guests?|mbps|gb|percent)"
 _COUNT = re.compile(r"(?<![\w$:.,-])(\d+(?:\.\d+)?)(?: (?:business |working )?(" + _UNITS + r"))?(?!\w|[.:,]\d)")
 _DAY_WORDS = {d.lower(): i for i, d in enumerate(DAYS)}
-_DAY = re.compile(r"\b(monday|tuesday|wednesday|thursday|friday|saturday|sunday)s?\b")
-_DAY_RANGE = re.compile(r"\b(monday|tuesday|wednesday|thursday|friday|saturday|sunday)s? (?:to|through|thru|-) "
-                        r"(monday|tuesday|wednesday|thursday|friday|saturday|sunday)s?\b")
-_WEEK_WORDS = re.compile(r"\b(weekdays?|weekends?|every day|daily|all week|7 days a week)\b")
-_RELATIVE = re.compile(r"\b(today|tonight|tomorrow)\b")
+_DAY_NAME = "(" + "|".join(_DAY_WORDS) + ")"  # one group: (monday|tuesday|...|sunday)
+_DAY = re.compile(rf"\b{_DAY_NAME}s?\b")
+_DAY_RANGE = re.compile(rf"\b{_DAY_NAME}s? (?:to|through|thru|-) {_DAY_NAME}s?\b")
+_WEEK_WORDS = _words("weekdays?", "weekends?", "every day", "daily", "all week", "7 days a week")
+_RELATIVE = _words("today", "tonight", "tomorrow")
 _DOCTOR = re.compile(r"\bdr (\w+)")
 _NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|neither|nor|cannot|unfortunately|without)\b|n't\b")
 _HEDGE = re.compile(r"\b(?:not sure|don't know|do not know|can't confirm|cannot confirm|i'll check|let me check|"
@@ -128,12 +135,12 @@ _HEDGE = re.compile(r"\b(?:not sure|don't know|do not know|can't confirm|cannot 
 _CLAUSE = re.compile(r"[;,]|:(?!\d)| - |\bbut\b|\bwhile\b|\bhowever\b|\band (?=(?:we're |we are |we )?(?:open|closed)\b)")
 _CLOSED = re.compile(r"\bclosed\b|\b(?:not|n't|never) (?:be )?open\b|\bshut\b")
 _OPEN = re.compile(r"\bopen\b")
-_HOURS_WORD = re.compile(r"\b(?:open|opens|close|closes|closing|hours|until|till)\b")
-_AVAILABLE = re.compile(r"\b(?:slots?|openings?(?! hours)|available|availability|vacanc\w+|free at|table for|"
-                        r"tables? (?:at|on|for)|book(?:ing)? (?:you |it |that )?(?:for|on|at|in)|appointments? (?:at|on))\b")
+_HOURS_WORD = _words("open", "opens", "close", "closes", "closing", "hours", "until", "till")
+_AVAILABLE = _words("slots?", "openings?(?! hours)", "available", "availability", r"vacanc\w+", "free at", "table for",
+                    "tables? (?:at|on|for)", "book(?:ing)? (?:you |it |that )?(?:for|on|at|in)", "appointments? (?:at|on)")
 _FOR_N = re.compile(r"\b(?:for|of|seats?) (\d+)\b")
-_OFFER = re.compile(r"\b(?:we (?:do |also )?(?:offer|have|provide|sell|carry|serve|accept|take|support|do)|"
-                    r"there (?:is|are|'s)|(?:is|are) available|you can (?:get|order|have|use|pay))\b")
+_OFFER = _words("we (?:do |also )?(?:offer|have|provide|sell|carry|serve|accept|take|support|do)",
+                "there (?:is|are|'s)", "(?:is|are) available", "you can (?:get|order|have|use|pay)")
 _AGREE = re.compile(r"^(?:yes|yeah|yep|yup|sure|correct|right|that's right|that is right|that's correct|"
                     r"that is correct|exactly|absolutely|of course|indeed|certainly|definitely|you're right|"
                     r"you are right|true|that's true)\b")
@@ -203,7 +210,7 @@ def _days_in(norm: str) -> list[int]:
     for m in _DAY.finditer(norm):
         days.append(_DAY_WORDS[m.group(1)])
     for m in _WEEK_WORDS.finditer(norm):
-        w = m.group(1)
+        w = m.group()
         days += [5, 6] if w.startswith("weekend") else list(range(5)) if w.startswith("weekday") else list(range(7))
     return list(dict.fromkeys(days))
 
