@@ -20,18 +20,8 @@ from pipeline.transports.telephony.auth import BridgeTokens, twilio_signature
 from pipeline.playout import LATE_GAP_S, wait_confirmed
 from pipeline.transports.telephony.call import TelephonyCall
 from pipeline.transports.web.server import Bridge, BridgeAuthError
-from pipeline.transports.telephony.protocol import (
-    Clear,
-    Dtmf,
-    Mark,
-    Media,
-    OutboundMark,
-    OutboundMedia,
-    Start,
-    Stop,
-    encode_event,
-    parse_outbound,
-)
+from pipeline.transports.telephony.protocol import (Clear, Dtmf, Mark, Media, OutboundMark, OutboundMedia, Start, Stop,
+                                                   encode_event, parse_outbound)
 from pipeline.config import BridgeConfig
 from voice import mulaw
 from voice.tts import AudioChunk

@@ -34,18 +34,8 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from callfakes import (
-    FakeModels,
-    RawCaller,
-    ScriptedBackend,
-    ScriptedSTT,
-    ToneTTS,
-    agent_bridge,
-    auth,
-    rel_config,
-    report_of,
-    wait_for,
-)
+from callfakes import (FakeModels, RawCaller, ScriptedBackend, ScriptedSTT, ToneTTS, agent_bridge, auth, rel_config,
+                       report_of, wait_for)
 from pipeline.receptionist.bookings import open_store
 from pipeline.receptionist.tools import ToolBox
 from pipeline.transports.telephony.adapter import caller_id

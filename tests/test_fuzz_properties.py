@@ -25,20 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from demo import report_html
-from pipeline.transports.telephony.protocol import (
-    FRAME_BYTES,
-    MAX_CUSTOM_PARAMETERS,
-    MAX_STRING,
-    Connected,
-    Dtmf,
-    Mark,
-    Media,
-    ProtocolError,
-    Start,
-    Stop,
-    encode_event,
-    parse_message,
-)
+from pipeline.transports.telephony.protocol import (FRAME_BYTES, MAX_CUSTOM_PARAMETERS, MAX_STRING, Connected, Dtmf,
+                                                   Mark, Media, ProtocolError, Start, Stop, encode_event, parse_message)
 from pipeline.report import SCHEMA, load_report, report_filename, write_report
 from pipeline.sentences import SentenceSplitter, split_sentences
 from voice import mulaw

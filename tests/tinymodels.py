@@ -37,19 +37,9 @@ def build_tokenizer(path: Path, vocab_size: int = 320):
     return fast
 
 
-def build_model(
-    path: Path,
-    arch: str = "qwen2",
-    seed: int = 0,
-    vocab_size: int = 320,
-    hidden: int = 64,
-    layers: int = 2,
-    heads: int = 4,
-    kv_heads: int = 2,
-    init_range: float = 0.3,
-    tokenizer_from: Path | None = None,
-    eos_token_id: int = 0,
-) -> Path:
+def build_model(path: Path, arch: str = "qwen2", seed: int = 0, vocab_size: int = 320, hidden: int = 64,
+                layers: int = 2, heads: int = 4, kv_heads: int = 2, init_range: float = 0.3,
+                tokenizer_from: Path | None = None, eos_token_id: int = 0) -> Path:
     """Save a random causal LM (with the tests' tokenizer) to `path` with save_pretrained."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
