@@ -97,19 +97,24 @@ def test_an_empty_answer_is_never_correct():
     assert not check("", Rules.build([], [], {})).correct
 
 
+def answers(table: str) -> list[tuple[str, str]]:
+    """(question id, answer) pairs from the lines "question-id: answer" of a table ("#" lines are comments)."""
+    return [tuple(line.split(": ", 1)) for line in table.strip().splitlines() if not line.startswith("#")]
+
+
 # The false answers quoted in issue 11, each against the question that would draw it.
-ISSUE_FALSE = [
-    ("dental-close-friday", "We close on Friday at 9 a.m."),
-    ("dental-moreno-price", "Dr. Moreno offers a free check-up on Wednesday."),
-    ("dental-saturday-afternoon", "Riverside Dental is open on Saturday afternoon at 3 p.m."),
-    ("dental-monday", "Yes, you can book for Monday."),
-    # The same false claims turn up as asides in answers to other questions: the business's
-    # shared rules catch them there too.
-    ("dental-hours", "We close on Friday at 9 a.m."),
-    ("dental-cleaning-price", "A cleaning is $89, and Dr. Moreno offers a free check-up on Wednesday."),
-    ("dental-address", "We're at 42 Harbor Street. Riverside Dental is open on Saturday afternoon at 3 p.m."),
-    ("dental-slots", "We have an opening on Monday at 10 a.m."),
-]
+ISSUE_FALSE = answers("""
+dental-close-friday: We close on Friday at 9 a.m.
+dental-moreno-price: Dr. Moreno offers a free check-up on Wednesday.
+dental-saturday-afternoon: Riverside Dental is open on Saturday afternoon at 3 p.m.
+dental-monday: Yes, you can book for Monday.
+# The same false claims turn up as asides in answers to other questions: the business's
+# shared rules catch them there too.
+dental-hours: We close on Friday at 9 a.m.
+dental-cleaning-price: A cleaning is $89, and Dr. Moreno offers a free check-up on Wednesday.
+dental-address: We're at 42 Harbor Street. Riverside Dental is open on Saturday afternoon at 3 p.m.
+dental-slots: We have an opening on Monday at 10 a.m.
+""")
 
 
 @pytest.mark.parametrize("qid, answer", ISSUE_FALSE)
@@ -119,23 +124,23 @@ def test_the_issues_false_answers_are_flagged(questions, qid, answer):
 
 
 # Other false answers the default model gave in development runs.
-SEEN_FALSE = [
-    ("dental-sunday", "Yes, I'm open on Sundays."),
-    ("dental-free-checkup", "Yes, that's correct. The price of a check-up is $59."),
-    ("dental-braces", "Yes, Riverside Dental offers braces."),
-    ("dental-root-canal", "The cost of a root canal is $120."),
-    ("dental-cigna", "Yes, Riverside Dental accepts Cigna insurance."),
-    ("dental-slots", "We have a check-up at 8 a.m. on Tuesday, 8 a.m. on Wednesday, and 9 a.m. on Friday."),
-    ("bistro-hours", "Our opening hours are Monday to Sunday, from 5 p.m. to 10 p.m."),
-    ("bistro-seven", "Yes, we have a table for 2 at 7 p.m. tonight."),
-    ("isp-plus-technician", "The visit costs $49."),
-    ("shop-wednesday", "Yes, it's arriving Wednesday."),
-    ("dental-close-friday", "Friday is closed."),
-    ("dental-saturday", "No, Riverside Dental is closed on Saturday."),
-    ("dental-saturday-afternoon", "Yes, we're open Saturday from 9 a.m. to 1 p.m."),
-    ("bistro-hours", "We're closed on Sundays."),
-    ("shop-store", "Yes, we have a physical store in our downtown location."),
-]
+SEEN_FALSE = answers("""
+dental-sunday: Yes, I'm open on Sundays.
+dental-free-checkup: Yes, that's correct. The price of a check-up is $59.
+dental-braces: Yes, Riverside Dental offers braces.
+dental-root-canal: The cost of a root canal is $120.
+dental-cigna: Yes, Riverside Dental accepts Cigna insurance.
+dental-slots: We have a check-up at 8 a.m. on Tuesday, 8 a.m. on Wednesday, and 9 a.m. on Friday.
+bistro-hours: Our opening hours are Monday to Sunday, from 5 p.m. to 10 p.m.
+bistro-seven: Yes, we have a table for 2 at 7 p.m. tonight.
+isp-plus-technician: The visit costs $49.
+shop-wednesday: Yes, it's arriving Wednesday.
+dental-close-friday: Friday is closed.
+dental-saturday: No, Riverside Dental is closed on Saturday.
+dental-saturday-afternoon: Yes, we're open Saturday from 9 a.m. to 1 p.m.
+bistro-hours: We're closed on Sundays.
+shop-store: Yes, we have a physical store in our downtown location.
+""")
 
 
 @pytest.mark.parametrize("qid, answer", SEEN_FALSE)
@@ -143,29 +148,27 @@ def test_other_false_answers_are_flagged(questions, qid, answer):
     assert verdict(questions, qid, answer).false_claim
 
 
-CORRECT = [
-    ("dental-close-friday", "We close at 6 p.m. on Friday."),
-    ("dental-close-friday", "On Friday we're open from eight a.m. to six p.m."),
-    ("dental-hours", "Our opening hours are Monday to Friday from 8 a.m. to 6 p.m., and Saturday from 9 a.m. to 1 p.m."),
-    ("dental-moreno-price", "A check-up with Dr. Moreno costs $59."),
-    ("dental-saturday-afternoon", "Sorry, on Saturday we close at 1 p.m., so 3 won't work."),
-    ("dental-monday", ("Sorry, we have no Monday openings. We have Tuesday at 10:30 a.m., Wednesday at 2:15 p.m. "
-                      "or Friday at 9 a.m.")),
-    ("dental-slots", ("We have Tuesday at 10:30 a.m. with Dr. Patel, Wednesday at 2:15 p.m. with Dr. Moreno, "
-                     "and Friday at 9:00 a.m. with Dr. Patel.")),
-    ("dental-sunday", "No, we're closed on Sundays. We're open Monday to Saturday."),
-    ("dental-braces", "I don't have that information, sorry. I can take a message and have someone call you back."),
-    ("dental-cigna", "We accept Delta Dental and Aetna; I'd need to check about Cigna."),
-    ("dental-parking", "Yes, parking is free behind the building."),
-    ("bistro-seven", "We don't have 7 p.m., but there's a table for 2 at 6:30 p.m."),
-    ("bistro-twelve", "Our tables seat up to 8, but a group of 12 can use the back room, which needs a $100 deposit."),
-    ("isp-plus-technician", "A technician visit is normally $49, but it's waived for Plus customers."),
-    ("isp-basic-price", "The Basic plan is thirty-nine dollars and ninety-nine cents a month."),
-    ("isp-oak-park", "The only outage reported is in Maple Heights."),
-    ("shop-order-status", "Your order 48213 shipped Monday with UPS and arrives Thursday by 8 p.m."),
-    ("shop-tracking", "The tracking number is 1Z999AA10123456784."),
-    ("shop-free-express", "No, express shipping is $14.95; standard shipping is free over $50."),
-]
+CORRECT = answers("""
+dental-close-friday: We close at 6 p.m. on Friday.
+dental-close-friday: On Friday we're open from eight a.m. to six p.m.
+dental-hours: Our opening hours are Monday to Friday from 8 a.m. to 6 p.m., and Saturday from 9 a.m. to 1 p.m.
+dental-moreno-price: A check-up with Dr. Moreno costs $59.
+dental-saturday-afternoon: Sorry, on Saturday we close at 1 p.m., so 3 won't work.
+dental-monday: Sorry, we have no Monday openings. We have Tuesday at 10:30 a.m., Wednesday at 2:15 p.m. or Friday at 9 a.m.
+dental-slots: We have Tuesday at 10:30 a.m. with Dr. Patel, Wednesday at 2:15 p.m. with Dr. Moreno, and Friday at 9:00 a.m. with Dr. Patel.
+dental-sunday: No, we're closed on Sundays. We're open Monday to Saturday.
+dental-braces: I don't have that information, sorry. I can take a message and have someone call you back.
+dental-cigna: We accept Delta Dental and Aetna; I'd need to check about Cigna.
+dental-parking: Yes, parking is free behind the building.
+bistro-seven: We don't have 7 p.m., but there's a table for 2 at 6:30 p.m.
+bistro-twelve: Our tables seat up to 8, but a group of 12 can use the back room, which needs a $100 deposit.
+isp-plus-technician: A technician visit is normally $49, but it's waived for Plus customers.
+isp-basic-price: The Basic plan is thirty-nine dollars and ninety-nine cents a month.
+isp-oak-park: The only outage reported is in Maple Heights.
+shop-order-status: Your order 48213 shipped Monday with UPS and arrives Thursday by 8 p.m.
+shop-tracking: The tracking number is 1Z999AA10123456784.
+shop-free-express: No, express shipping is $14.95; standard shipping is free over $50.
+""")
 
 
 @pytest.mark.parametrize("qid, answer", CORRECT)

@@ -249,15 +249,15 @@ def test_cli_errors_are_one_line_with_a_fix(store, capsys):
 # ---------------------------------------------------------------- the real models
 
 
-# Copied from DESIGN.md ("Embedded default"), independently of the catalog.
-DESIGN_SHA256 = {
-    "qwen2.5-coder-1.5b-instruct": ("model.gguf", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-    "qwen2.5-coder-0.5b-instruct": ("model.gguf", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-    "smollm2-135m-instruct": ("model.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
-    "whisper-tiny.en": ("model.bin", "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"),
-    "whisper-base": ("model.bin", "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"),
-    "piper-joe-medium": ("en_US-joe-medium.onnx", "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06"),
-}
+# Copied from DESIGN.md ("Embedded default"), independently of the catalog: model, file, sha256.
+DESIGN_SHA256 = {name: (file, sha) for name, file, sha in map(str.split, """
+qwen2.5-coder-1.5b-instruct  model.gguf             cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+qwen2.5-coder-0.5b-instruct  model.gguf             1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+smollm2-135m-instruct        model.gguf             b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+whisper-tiny.en              model.bin              1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a
+whisper-base                 model.bin              d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9
+piper-joe-medium             en_US-joe-medium.onnx  58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06
+""".strip().splitlines())}
 
 
 @pytest.mark.models
