@@ -63,10 +63,10 @@ async def closed_with(ws, timeout: float = 5.0) -> int | None:
     return ws.close_code
 
 
-async def closed_as_protocol_error(cfg, c: RawCaller, code: int) -> dict:
+async def closed_as_protocol_error(cfg, c: RawCaller, code: int, case: object = None) -> dict:
     """The bridge closed the call with `code`, and the call's report (returned) says it
-    ended on a protocol error."""
-    assert await c.wait_closed() == code
+    ended on a protocol error. `case`: what a failure names."""
+    assert await c.wait_closed() == code, case
     data = await report_of(cfg, c.call_sid)
     assert data["end_reason"] == "protocol_error"
     return data
@@ -145,7 +145,7 @@ async def test_wrong_base64_payloads(served, caplog):
         caplog.clear()
         c = await RawCaller(port).open()
         await c.ws.send(json.dumps({"event": "media", "streamSid": c.sid, "media": {"payload": payload}}))
-        await closed_as_protocol_error(cfg, c, code)
+        await closed_as_protocol_error(cfg, c, code, payload)
         assert f"protocol error ({kind})" in caplog.text, payload
     # Valid base64 of any length is fine: 60 bytes of 0xff.
     c = await RawCaller(port).open()
