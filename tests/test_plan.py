@@ -15,12 +15,11 @@ from callfakes import ScriptedBackend
 from llm.types import SamplingParams
 from pipeline.receptionist.bookings import open_store
 from pipeline.receptionist.plan import OTHER_SLOT, Plan, act, parse_plan, plan_grammar
-from pipeline.sentences import SentenceSplitter
 from pipeline.stages.plan_step import PlanFilter
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
 from pipeline.receptionist.tools import ToolBox
-from pipeline.turn import BargeIn, LLMResult
+from pipeline.turn import LLMResult, Reply
 
 SLOTS = ["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno", "Friday 9:00 a.m. with Dr. Patel"]
 
@@ -197,6 +196,17 @@ def test_a_spelled_name_is_booked_as_the_name_spelled(store):
     assert o.calls[0].ok and store.bookings()[1].name == "Kai Barr"
 
 
+
+def test_a_message_is_taken_only_when_the_caller_asks_for_one(store):
+    box = ToolBox(store, "call-m")
+    o = act(Plan("message", name="Omar Haddad", message="I'll call back next week."), box,
+            "No, the other times don't work for me. I'll call back next week. Thanks.", ["I'm Omar Haddad."])
+    assert o.calls == [] and o.line == "Would you like me to take a message?" and store.messages() == []
+    lines = ["Can I leave a message for Dr. Moreno?", "It's Jo Kim, my number is 555-0123."]
+    o = act(Plan("message", name="Jo Kim", message="Call me about my crown"), box, lines[-1], lines)
+    assert o.calls[0].ok and (store.messages()[0].name, store.messages()[0].callback) == ("Jo Kim", "555-0123")
+
+
 @pytest.mark.parametrize("lines, phone", [
     (["Friday at 9. I'm Rita Gomez, my number is 555-0199."], "555-0199"),
     (["Call me on (617) 555 0199.", "Friday at 9 please."], "(617) 555 0199"),
@@ -218,9 +228,9 @@ def test_a_booking_keeps_the_phone_number_the_caller_gave(store):
 async def turn(backend, box, caller="Can I book Tuesday? I'm Ann Lee.", hold_line=""):
     sentences: asyncio.Queue = asyncio.Queue()
     result, events = LLMResult(), []
-    await respond(backend, [{"role": "user", "content": caller}], SamplingParams(), SentenceSplitter(), sentences,
-                  TurnTimeline(), BargeIn(), result, lambda kind, **d: events.append((kind, d)), box, hold_line,
-                  plan=True, caller_text=caller)
+    await respond(backend, [{"role": "user", "content": caller}],
+                  Reply(TurnTimeline(), llm=result, sentences=sentences, emit=lambda e: events.append((e.kind, e.as_dict())),
+                        toolbox=box, hold_line=hold_line, plan=True, caller_text=caller))
     spoken = []
     while (s := sentences.get_nowait()) is not None:
         spoken.append(s)
@@ -338,9 +348,9 @@ async def test_constrained_plan_is_valid_by_construction_and_names_only_open_slo
         return real_stream(messages, p, cancel)
 
     backend.stream = stream
-    await respond(backend, [{"role": "user", "content": "Book me Tuesday please, I'm Ann."}], params,
-                  SentenceSplitter(), sentences, TurnTimeline(), BargeIn(), result, lambda kind, **d: None,
-                  ToolBox(store, "c"), plan=True, caller_text="Book me Tuesday please, I'm Ann.")
+    await respond(backend, [{"role": "user", "content": "Book me Tuesday please, I'm Ann."}],
+                  Reply(TurnTimeline(), llm=result, params=params, sentences=sentences, toolbox=ToolBox(store, "c"),
+                        plan=True, caller_text="Book me Tuesday please, I'm Ann."))
     assert result.error is None and grammars[0].kind == "grammar"
     if result.plan["error"] is not None:
         # Random weights may write a name until the token budget runs out: what was written

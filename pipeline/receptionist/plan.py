@@ -171,6 +171,14 @@ _ASKS_FOR_A_PERSON = re.compile(
     r"put me through|talk to|speak to|speak with|talk with)\b", re.IGNORECASE)
 
 
+# A message the caller asked for ("I'll call back next week", planned as a message by the
+# 1.5B, left the staff a note nobody wanted: bench tools).
+_ASKS_FOR_A_MESSAGE = re.compile(
+    r"\b(?:message|note|call me|ring me|get back to me|reach me|contact me|let (?:him|her|them|the \w+|dr\.? \w+) know|"
+    r"tell (?:him|her|them|the|dr)|pass (?:it|this|that) on|have (?:him|her|them|someone|somebody|the \w+) call)\b",
+    re.IGNORECASE)
+
+
 def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str] | None = None) -> Outcome:
     """Do what `plan` asks through the call's ToolBox (pipeline/receptionist/tools.py; synchronous:
     run it in a thread) and say what the database did. Never raises. `caller_lines`: all
@@ -197,9 +205,15 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str]
             return Outcome(f"Your booking for {o.result['slot']} is cancelled.", [o])
         return Outcome(f"I couldn't find a booking for {plan.slot} under the name {plan.name}.", [o])
     if plan.act == "message":
+        if not _ASKS_FOR_A_MESSAGE.search(" ".join([*lines[-2:], caller_text])):  # this line or the one before
+            return Outcome("Would you like me to take a message?")
         if not plan.name:
             return Outcome("Sure, I can take a message. May I have your name?")
-        o = toolbox.run("take_message", {"name": plan.name, "text": plan.message or caller_text})
+        arguments = {"name": plan.name, "text": plan.message or caller_text}
+        phone = caller_phone(lines)
+        if phone:
+            arguments["callback"] = phone
+        o = toolbox.run("take_message", arguments)
         if o.ok:
             return Outcome("I've taken your message, and someone will call you back.", [o])
         return Outcome("Sorry, I couldn't take the message just now. Please call again later.", [o])
