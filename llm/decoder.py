@@ -1,8 +1,20 @@
-"""The speculative decoding loop: prefill, then draft -> verify -> emit, one group per pass.
+"""The speculative decoding loop: prefill, then draft -> verify -> accept -> emit, one
+group per pass.
 
-Pure functions over explicit state, in the manner of gpt-fast's generate.py:
+Small functions over explicit state, in the manner of gpt-fast's generate.py:
 
-    speculative_stream(...)                -> yields one TokenGroup per target pass
+    speculative_stream(...)          yields one TokenGroup per target pass:
+      first_pass(state, runner)      the prompt's prefill; its last row picks the first token
+      speculative_pass(state, runner)  then, until the answer ends, one pass:
+        draft(state, limit, load)      the drafters' best offer, cut where a constraint says no
+        verify(state, drafted, logits) the target's verdict on pending + drafts
+        accept(state, ...)             roll the cache back to what was kept
+        learn, record(state, ...)      the gamma controller learns; the stats and the trace
+        emit(state, tokens, ...)       the kept tokens out, with eos / stop / length
+
+`Decoding` is one generation's state between passes. Drafting and the verdict run where
+the runner runs passes (the engine thread, batched with other conversations:
+llm/scheduler.py); the rest runs on the generation's own thread.
 
 `Sequence` is a conversation's target-side state: its KV cache and the tokens whose
 K/V the cache holds. It outlives one generation, so turn N of a call prefills only
@@ -13,18 +25,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from llm.constrain import ConstraintState
 from llm.detokenize import IncrementalDetokenizer
-from llm.drafters import Drafter, DraftSteps, Proposal, common_prefix
+from llm.drafters import Drafter, DraftStep, Proposal, common_prefix
 from llm.gamma import GammaController, Load
 from llm.model import KVCache, Segment, Transformer, new_cache
-from llm.sampling import apply_mask, choose, verify_greedy, verify_sampled, warp
-from llm.scheduler import Piece, PieceSteps, Runner, SoloRunner
+from llm.sampling import Verdict, apply_mask, choose, verify_greedy, verify_sampled, warp
+from llm.scheduler import PassInfo, Piece, PieceSteps, Runner, SoloRunner
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 
@@ -38,13 +50,28 @@ def new_sequence(model: Transformer, capacity: int = 256) -> Sequence:
     return Sequence(new_cache(model, capacity))
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The offer draft_steps chose, and what the controller expected of it (for the pass's
+    trace record). No expected rate: nothing was weighed (a fixed gamma, no offer)."""
+
+    proposal: Proposal
+    expected_rate: float | None = None
+    catch_up_s: float = 0.0  # what the drafter had to run first (a draft model behind the context)
+
+
+# draft_steps as a generator: yields the draft model's forwards, is sent (logits, seconds)
+# for each, returns the Choice.
+ChoiceSteps = Generator[DraftStep, tuple[torch.Tensor, float], Choice]
+
+
 # Drafters whose offer costs no forward pass: asked every pass, their offers weighed by
 # the acceptance the controller learns for each (llm/drafters.py, llm/call_drafter.py).
 FREE_DRAFTERS = frozenset({"ngram", "call", "grammar"})
 
 
 def draft_steps(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int,
-                params: SamplingParams, guide: ConstraintState | None = None) -> DraftSteps:
+                params: SamplingParams, guide: ConstraintState | None = None) -> ChoiceSteps:
     """Ask the drafters for at most `limit` tokens and keep the offer worth most tokens/s.
 
     N-gram lookup and the tool-call skeleton (FREE_DRAFTERS) tell their offers for free, so
@@ -58,9 +85,8 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
     from its masked distribution. A draft model that fell behind the context is charged
     its catch-up (`catch_up_s`) in the pass it would draft in.
 
-    What was chosen, and what the controller expected of it, is left in
-    `controller.last_choice` for the pass's record (GenerationStats.trace)."""
-    controller.last_choice = {"expected_rate": None, "extra_s": 0.0}
+    Returns what was chosen and what the controller expected of it (the pass's record,
+    GenerationStats.trace)."""
     offers: list[tuple[float, Proposal | None, Drafter | None, int, float]] = []
     for d in drafters:
         if d.name in FREE_DRAFTERS:
@@ -78,20 +104,21 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
             if g > 0:
                 offers.append((controller.rate(d.name, g, extra), None, d, g, extra))
     if not offers:
-        return Proposal([], None, "none", 0.0)
+        return Choice(Proposal([], None, "none", 0.0))
     if controller.fixed is None:
         offers.sort(key=lambda o: o[0], reverse=True)
     rate, proposal, drafter, g, extra = offers[0]
     # A fixed gamma has no expected rate (the controller does not choose): none recorded.
-    controller.last_choice = {"expected_rate": None if rate == float("inf") else rate, "extra_s": extra}
-    if proposal is not None:
-        return proposal
-    steps = getattr(drafter, "propose_steps", None)
-    if steps is None:  # a drafter that runs its own forwards
-        return drafter.propose(context, g, params)
-    if guide is not None:
-        return (yield from steps(context, g, params, guide=guide))
-    return (yield from steps(context, g, params))
+    expected_rate = None if rate == float("inf") else rate
+    if proposal is None:
+        steps = getattr(drafter, "propose_steps", None)
+        if steps is None:  # a drafter that runs its own forwards
+            proposal = drafter.propose(context, g, params)
+        elif guide is not None:
+            proposal = yield from steps(context, g, params, guide=guide)
+        else:
+            proposal = yield from steps(context, g, params)
+    return Choice(proposal, expected_rate, extra)
 
 
 @dataclass
@@ -111,6 +138,262 @@ class Generation:
     guide: ConstraintState | None = None
 
 
+@dataclass
+class Decoding:
+    """One generation's state between passes: what gpt-fast passes as arguments."""
+
+    target: Transformer
+    seq: Sequence
+    prompt: list[int]
+    drafters: list[Drafter]
+    controller: GammaController
+    detok: IncrementalDetokenizer
+    gen: Generation
+    stats: GenerationStats
+    clock: Callable[[], float]
+    generator: torch.Generator | None  # the target's random draws (sampled); None: greedy
+    t_start: float
+    context: list[int]  # the tokens whose K/V the target's cache holds
+    pending: int = -1  # the target's latest token: out already, not yet in its cache
+    produced: list[int] = field(default_factory=list)  # the answer so far
+    # What this conversation brings to a pass, for the others' gamma (llm.gamma.Load),
+    # until it prepares its next.
+    hint: Load = field(default_factory=lambda: Load(rows=1, tokens=1.0))
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """What one pass drafted, from draft() to the verdict and the pass's record."""
+
+    proposal: Proposal
+    seconds: float  # drafting, wall time (the constraint's checks included)
+    masks: torch.Tensor | None  # the constraint's mask of each target row; None: unconstrained
+    expected_rate: float | None
+    catch_up_s: float
+
+
+def start(target: Transformer, seq: Sequence, prompt: list[int], drafters: list[Drafter],
+          controller: GammaController, detok: IncrementalDetokenizer, gen: Generation,
+          stats: GenerationStats, clock: Callable[[], float]) -> Decoding:
+    """A generation's state before its first pass (a prompt that does not fit is refused)."""
+    params = gen.params
+    generator = None
+    if not params.greedy:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
+    if len(prompt) == 0:
+        raise ValueError("empty prompt: give at least one token")
+    if len(prompt) >= gen.max_context:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens but the context holds {gen.max_context}: "
+            "shorten the history or the system prompt, or raise llm.context_tokens"
+        )
+    stats.prompt_tokens = len(prompt)
+    return Decoding(target, seq, prompt, drafters, controller, detok, gen, stats, clock, generator,
+                    t_start=clock(), context=list(prompt))
+
+
+def first_pass(s: Decoding, runner: Runner) -> TokenGroup:
+    """The prefill: computes the prompt's tokens the cache does not hold yet (at least the
+    last, whose row picks the first token) and emits that token."""
+    prompt, guide, stats = s.prompt, s.gen.guide, s.stats
+    keep = min(common_prefix(s.seq.tokens, prompt), len(prompt) - 1)
+    computed = len(prompt) - keep
+
+    # Both run where the runner runs passes (the engine thread); they touch only this conversation.
+    def prepare(load: Load) -> Piece:
+        todo = torch.tensor(prompt[keep:], dtype=torch.long, device=s.target.device)
+        return Piece(s.target, Segment(s.seq.cache, todo, keep, all_logits=False), 1.0, 0.0)
+
+    def finish(logits: torch.Tensor) -> int:
+        s.seq.tokens = list(prompt)
+        row = logits[-1]
+        if guide is not None:
+            allowed = guide.mask()
+            stats.forced_tokens += int(allowed.sum()) == 1
+            row = apply_mask(row, allowed)
+        return choose(row, s.gen.params, s.generator)
+
+    t0 = s.clock()
+    token, _ = runner.run(prepare, finish, Load(rows=computed, tokens=1.0))
+    if guide is not None:
+        guide.advance([token])
+    stats.prefill_s = s.clock() - t0
+    stats.prefilled_tokens = computed
+    stats.passes = 1
+    s.pending = token
+    group = emit(s, [token], 0, 0)
+    stats.ttft_s = s.clock() - s.t_start
+    return group
+
+
+def speculative_pass(s: Decoding, runner: Runner) -> TokenGroup:
+    """One pass: draft -> verify `pending` and the drafts in one target forward -> accept
+    -> emit. The runner calls the pass's prepare (draft) and finish (verify) on the
+    engine thread; the drafts travel between them in the _PassJob."""
+    base = len(s.context)  # the position of `pending`
+    s.context.append(s.pending)
+    job = _PassJob(s, base, draft_limit(s))
+    verdict, info = runner.run(job.prepare, job.finish, s.hint)
+    drafted = job.drafted
+    n = len(drafted.proposal.tokens)
+    # Told to the others' passes until this one prepares its next (before the controller
+    # learns from this pass: what it expected when it chose).
+    s.hint = Load(rows=n + 1, tokens=s.controller.expected(drafted.proposal.source, n), draft_s=drafted.seconds)
+    kept = accept(s, drafted, verdict, base)
+    learn(s, drafted, len(kept), info)
+    record(s, drafted, len(kept), info)
+    return emit(s, kept + [s.pending], n, len(kept))
+
+
+def draft_limit(s: Decoding) -> int:
+    """The most drafts this pass may verify: the answer's budget and the context's room
+    both keep one token for the target's own. Also tells the controller the horizon a
+    catch-up is spread over."""
+    remaining = s.gen.params.max_new_tokens - len(s.produced)
+    room = s.gen.max_context - len(s.context)
+    s.controller.horizon = float(min(remaining, room, 48))
+    return max(0, min(s.controller.max_gamma, remaining - 1, room - 1))
+
+
+@dataclass
+class _PassJob:
+    """A speculative pass as the runner takes it: prepare drafts and names the target rows,
+    finish judges them; `drafted` carries the drafts from one to the other."""
+
+    s: Decoding
+    base: int  # the position of `pending`
+    limit: int
+    drafted: Drafted | None = None
+
+    def prepare(self, load: Load) -> PieceSteps:
+        # A generator: it yields the draft model's forwards (batched with the other
+        # conversations' on the engine thread) and returns the target's rows.
+        self.drafted = yield from draft(self.s, self.limit, load)
+        return verify_piece(self.s, self.drafted, self.base)
+
+    def finish(self, logits: torch.Tensor) -> Verdict:
+        return verify(self.s, self.drafted, logits)
+
+
+def draft(s: Decoding, limit: int, load: Load) -> Generator[DraftStep, tuple[torch.Tensor, float], Drafted]:
+    """At most `limit` drafts, chosen for the batch the pass is in (`load`); under a
+    constraint they end at the first token it rejects (never verified)."""
+    s.controller.load = load
+    guide = s.gen.guide
+    t0 = s.clock()
+    choice = Choice(Proposal([]))
+    if limit > 0 and s.drafters and not (guide is not None and guide.done):
+        choice = yield from draft_steps(s.drafters, s.controller, s.context, limit, s.gen.params, guide)
+    proposal, masks = choice.proposal, None
+    if guide is not None:
+        # The rows' masks are the constraint's state after pending + drafts[:i].
+        kept, masks = guide.check_drafts(proposal.tokens)
+        if len(kept) < len(proposal.tokens):
+            probs = None if proposal.probs is None else proposal.probs[: len(kept)]
+            proposal = Proposal(kept, probs, proposal.source, proposal.cost_s)
+    return Drafted(proposal, s.clock() - t0, masks, choice.expected_rate, choice.catch_up_s)
+
+
+def verify_piece(s: Decoding, drafted: Drafted, base: int) -> Piece:
+    """The target's rows: `pending` and the drafts, every row's logits kept."""
+    drafts = drafted.proposal.tokens
+    rows = torch.tensor([s.pending] + drafts, dtype=torch.long, device=s.target.device)
+    expected = s.controller.expected(drafted.proposal.source, len(drafts))
+    return Piece(s.target, Segment(s.seq.cache, rows, base, all_logits=True), expected, drafted.seconds)
+
+
+def verify(s: Decoding, drafted: Drafted, logits: torch.Tensor) -> Verdict:
+    """How many drafts the target keeps, and its own next token. Greedy: its argmax row by
+    row. Sampled: rejection sampling, so the tokens follow the target's distribution."""
+    params, proposal = s.gen.params, drafted.proposal
+    if drafted.masks is not None:
+        logits = apply_mask(logits, drafted.masks)
+    if params.greedy:
+        return verify_greedy(logits, proposal.tokens)
+    return verify_sampled(warp(logits, params), proposal.tokens, proposal.probs, s.generator)
+
+
+def accept(s: Decoding, drafted: Drafted, verdict: Verdict, base: int) -> list[int]:
+    """Keep pending and the accepted drafts (the rest of the cache is stale: rolled back by
+    its length); the target's own token becomes pending. Returns the accepted drafts."""
+    kept = drafted.proposal.tokens[: verdict.accepted]
+    s.seq.cache.length = base + 1 + len(kept)
+    s.seq.tokens = s.context + kept
+    s.context.extend(kept)
+    s.pending = verdict.next_token
+    guide = s.gen.guide
+    if guide is not None:
+        # Exactly the accepted drafts and the target's own token; a token each row's
+        # mask left alone was forced.
+        guide.advance(kept + [s.pending])
+        s.stats.forced_tokens += int((drafted.masks[: len(kept) + 1].sum(dim=-1) == 1).sum())
+        s.stats.mask_s = guide.mask_s
+    return kept
+
+
+def learn(s: Decoding, drafted: Drafted, accepted: int, info: PassInfo) -> None:
+    """The controller learns the pass's costs and the drafter's acceptance."""
+    c, proposal = s.controller, drafted.proposal
+    n = len(proposal.tokens)
+    # The pass's cost is a function of all its rows (other conversations' too).
+    c.observe_verify(info.rows, info.seconds)
+    c.observe_draft(proposal.source, n, accepted, proposal.cost_s)
+    for d in s.drafters:  # a draft model that caught up this pass: what a row of that cost
+        if getattr(d, "last_catch_up", None):
+            c.observe_catch_up(d.name, *d.last_catch_up)
+            d.last_catch_up = None
+    if info.conversations == 1:  # alone in its pass: the wall time is all its own
+        c.observe_pass(proposal.source, n, accepted + 1, drafted.seconds + info.seconds)
+    for d in s.drafters:
+        d.accepted(accepted)
+
+
+def record(s: Decoding, drafted: Drafted, accepted: int, info: PassInfo) -> None:
+    """The pass in the stats, and its trace record: what the controller expected (after
+    learning from it) and what was measured; why speculation paid or did not."""
+    stats, c, proposal = s.stats, s.controller, drafted.proposal
+    n = len(proposal.tokens)
+    stats.passes += 1
+    stats.drafted += n
+    stats.accepted += accepted
+    stats.draft_s += drafted.seconds
+    stats.verify_s += info.seconds
+    stats.gammas.append(n)
+    stats.trace.append({
+        "g": n, "source": proposal.source if n else "none", "accepted": accepted,
+        "draft_s": round(drafted.seconds, 5), "verify_s": round(info.seconds, 5), "rows": info.rows,
+        "expected_rate": None if not n or drafted.expected_rate is None else round(drafted.expected_rate, 3),
+        "plain_rate": round(1.0 / c.verify.cost(1), 3),
+        "estimated_verify_s": round(c.verify.cost(info.rows), 5),
+        "acceptance_estimate": round(c.stats(proposal.source).estimate, 3) if n else None,
+        "catch_up_s": round(drafted.catch_up_s, 5) if n else 0.0,
+    })
+
+
+def emit(s: Decoding, tokens: list[int], drafted: int, accepted: int) -> TokenGroup:
+    """Append the pass's tokens to the answer, up to eos / a stop string / the length
+    limit; returns the pass's group."""
+    params, out, text, reason = s.gen.params, [], [], None
+    for tok in tokens:
+        out.append(tok)
+        s.produced.append(tok)
+        if tok in s.gen.eos_ids:
+            reason = "eos"
+            break
+        text.append(s.detok.add(tok))
+        if s.detok.stopped:
+            reason = "stop"
+            break
+        if len(s.produced) >= params.max_new_tokens or len(s.prompt) + len(s.produced) >= s.gen.max_context:
+            reason = "length"
+            break
+    if reason in ("eos", "length"):
+        text.append(s.detok.finish())
+    s.stats.new_tokens = len(s.produced)
+    return TokenGroup(tuple(out), "".join(text), drafted, accepted, time.monotonic(), reason)
+
+
 def speculative_stream(
     target: Transformer,
     seq: Sequence,
@@ -128,174 +411,16 @@ def speculative_stream(
     distribution, by rejection sampling. Every group holds 1..gamma+1 tokens, except a
     final empty group when cancelled between passes.
     """
-    params = gen.params
-    generator = None
-    if not params.greedy:
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
-    if len(prompt) == 0:
-        raise ValueError("empty prompt: give at least one token")
-    if len(prompt) >= gen.max_context:
-        raise ValueError(
-            f"prompt has {len(prompt)} tokens but the context holds {gen.max_context}: "
-            "shorten the history or the system prompt, or raise llm.context_tokens"
-        )
     runner = gen.runner if gen.runner is not None else SoloRunner(gen.lock)
-    t_start = clock()
-    stats.prompt_tokens = len(prompt)
-
-    # Prefill: the prompt's last position predicts the first new token. Both callbacks run
-    # where the runner runs passes (the engine thread); they touch only this conversation.
-    keep = min(common_prefix(seq.tokens, prompt), len(prompt) - 1)
-    computed = len(prompt) - keep
-
-    def prepare_prefill(load: Load) -> Piece:
-        todo = torch.tensor(prompt[keep:], dtype=torch.long, device=target.device)
-        return Piece(target, Segment(seq.cache, todo, keep, all_logits=False), 1.0, 0.0)
-
-    guide = gen.guide
-
-    def finish_prefill(logits: torch.Tensor) -> int:
-        seq.tokens = list(prompt)
-        row = logits[-1]
-        if guide is not None:
-            allowed = guide.mask()
-            stats.forced_tokens += int(allowed.sum()) == 1
-            row = apply_mask(row, allowed)
-        return choose(row, params, generator)
-
-    t0 = clock()
-    token, _ = runner.run(prepare_prefill, finish_prefill, Load(rows=computed, tokens=1.0))
-    if guide is not None:
-        guide.advance([token])
-    stats.prefill_s = clock() - t0
-    stats.prefilled_tokens = computed
-    stats.passes = 1
-    pending = token  # sampled but not yet in the target's cache
-    hint = Load(rows=1, tokens=1.0)
-    context = list(prompt)
-    produced: list[int] = []
-
-    def emit(tokens: list[int], drafted: int, accepted: int) -> TokenGroup:
-        """Append accepted tokens, applying eos / stop / length; returns this pass's group."""
-        out: list[int] = []
-        text = []
-        reason = None
-        for tok in tokens:
-            out.append(tok)
-            produced.append(tok)
-            if tok in gen.eos_ids:
-                reason = "eos"
-                break
-            text.append(detok.add(tok))
-            if detok.stopped:
-                reason = "stop"
-                break
-            if len(produced) >= params.max_new_tokens or len(prompt) + len(produced) >= gen.max_context:
-                reason = "length"
-                break
-        if reason in ("eos", "length"):
-            text.append(detok.finish())
-        stats.new_tokens = len(produced)
-        return TokenGroup(tuple(out), "".join(text), drafted, accepted, time.monotonic(), reason)
-
-    group = emit([pending], 0, 0)
-    stats.ttft_s = clock() - t_start
+    s = start(target, seq, prompt, drafters, controller, detok, gen, stats, clock)
+    group = first_pass(s, runner)
     yield group
-    if group.finish_reason:
-        stats.total_s = clock() - t_start
-        return
-
-    while True:
+    while group.finish_reason is None:
         if gen.cancel is not None and gen.cancel.is_set():
-            stats.total_s = clock() - t_start
+            stats.total_s = clock() - s.t_start
             yield TokenGroup((), "", 0, 0, time.monotonic(), "cancelled")
             return
-        base = len(context)  # position of `pending`
-        context.append(pending)
-        remaining = params.max_new_tokens - len(produced)
-        room = gen.max_context - len(context)
-        limit = max(0, min(controller.max_gamma, remaining - 1, room - 1))
-        controller.horizon = float(min(remaining, room, 48))
-        box: dict = {}
-
-        # Called by the runner before it returns, within this iteration (defaults bind the values).
-        def prepare(load: Load, box=box, limit=limit, pending=pending, base=base) -> PieceSteps:
-            # A generator: it yields the draft model's forwards (batched with the other
-            # conversations' on the engine thread) and returns the target's rows.
-            controller.load = load
-            t0 = clock()
-            proposal = Proposal([])
-            if limit > 0 and drafters and not (guide is not None and guide.done):
-                proposal = yield from draft_steps(drafters, controller, context, limit, params, guide)
-            if guide is not None:
-                # Drafts end at the first token the constraint rejects (never verified); the
-                # rows' masks are the constraint's state after pending + drafts[:i].
-                kept, box["masks"] = guide.check_drafts(proposal.tokens)
-                if len(kept) < len(proposal.tokens):
-                    probs = None if proposal.probs is None else proposal.probs[: len(kept)]
-                    proposal = Proposal(kept, probs, proposal.source, proposal.cost_s)
-            box["draft_s"] = clock() - t0
-            box["proposal"] = proposal
-            rows = torch.tensor([pending] + proposal.tokens, dtype=torch.long, device=target.device)
-            expected = controller.expected(proposal.source, len(proposal.tokens))
-            return Piece(target, Segment(seq.cache, rows, base, all_logits=True), expected, box["draft_s"])
-
-        def finish(logits: torch.Tensor, box=box):
-            drafts = box["proposal"].tokens
-            if guide is not None:
-                logits = apply_mask(logits, box["masks"])
-            if params.greedy:
-                return verify_greedy(logits, drafts)
-            return verify_sampled(warp(logits, params), drafts, box["proposal"].probs, generator)
-
-        verdict, info = runner.run(prepare, finish, hint)
-        proposal = box["proposal"]
-        drafts = proposal.tokens
-        # What this conversation brings to a pass, for the others' gamma until it prepares its next.
-        hint = Load(rows=len(drafts) + 1, tokens=controller.expected(proposal.source, len(drafts)), draft_s=box["draft_s"])
-        # Roll back: keep pending + accepted drafts; the rest of the cache is stale.
-        kept = drafts[: verdict.accepted]
-        seq.cache.length = base + 1 + len(kept)
-        seq.tokens = context + kept
-        context.extend(kept)
-        stats.passes += 1
-        stats.drafted += len(drafts)
-        stats.accepted += len(kept)
-        stats.draft_s += box["draft_s"]
-        stats.verify_s += info.seconds
-        stats.gammas.append(len(drafts))
-        # The pass's cost is a function of all its rows (other conversations' too).
-        controller.observe_verify(info.rows, info.seconds)
-        controller.observe_draft(proposal.source, len(drafts), len(kept), proposal.cost_s)
-        for d in drafters:  # a draft model that caught up this pass: what a row of that cost
-            if getattr(d, "last_catch_up", None):
-                controller.observe_catch_up(d.name, *d.last_catch_up)
-                d.last_catch_up = None
-        if info.conversations == 1:  # alone in its pass: the wall time is all its own
-            controller.observe_pass(proposal.source, len(drafts), len(kept) + 1, box["draft_s"] + info.seconds)
-        stats.trace.append({
-            "g": len(drafts), "source": proposal.source if drafts else "none", "accepted": len(kept),
-            "draft_s": round(box["draft_s"], 5), "verify_s": round(info.seconds, 5), "rows": info.rows,
-            "expected_rate": None if not drafts or controller.last_choice["expected_rate"] is None
-            else round(controller.last_choice["expected_rate"], 3),
-            "plain_rate": round(1.0 / controller.verify.cost(1), 3),
-            "estimated_verify_s": round(controller.verify.cost(info.rows), 5),
-            "acceptance_estimate": round(controller.stats(proposal.source).estimate, 3) if drafts else None,
-            "catch_up_s": round(controller.last_choice["extra_s"], 5) if drafts else 0.0,
-        })
-        for d in drafters:
-            d.accepted(len(kept))
-        pending = verdict.next_token
-        if guide is not None:
-            # Exactly the accepted drafts and the target's own token; a token each row's
-            # mask left alone was forced.
-            guide.advance(kept + [pending])
-            stats.forced_tokens += int((box["masks"][: len(kept) + 1].sum(dim=-1) == 1).sum())
-            stats.mask_s = guide.mask_s
-        group = emit(kept + [pending], len(drafts), len(kept))
+        group = speculative_pass(s, runner)
         yield group
-        if group.finish_reason:
-            break
     # The last token is not in the cache yet; a next turn's prefill computes it.
-    stats.total_s = clock() - t_start
+    stats.total_s = clock() - s.t_start

@@ -144,7 +144,6 @@ class GammaController:
     # most 48, a spoken answer's length): what a draft model's catch-up is spread over.
     horizon: float = 48.0
     max_bench: int = 256  # longest a drafter whose passes did not pay sits out
-    last_choice: dict = field(default_factory=dict)  # the latest pass's choice (llm/decoder.py)
     judge_after: int = 4  # measured passes of a drafter before its realised rate can bench it
     bench_below: float = 0.9  # benched when its realised rate is under this share of plain decoding's
 
