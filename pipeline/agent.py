@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llm.types import LLMBackend, SamplingParams
 from pipeline.config import Config, LLMConfig
 from pipeline.receptionist.prompt import system_prompt, tool_schemas, tool_values
-from pipeline.ports import SpeechToText, TextToSpeech
+from pipeline.ports import SpeechToText, TextToSpeech, ToolRunner
 from pipeline.stages.turn_taking import EndOfTurnModel, TurnTaker
 from voice.turn_detector import TurnPolicy
 from voice.endpointer import EndpointConfig, Endpointer
@@ -38,7 +39,40 @@ if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentModels", "chars_token_count", "endpoint_config", "load_engine", "sampling_params"]
+__all__ = ["AgentModels", "ModelSet", "chars_token_count", "endpoint_config", "load_engine", "sampling_params",
+           "voice_executor"]
+
+_voice_pool: ThreadPoolExecutor | None = None
+_voice_pool_lock = threading.Lock()
+
+
+def voice_executor() -> ThreadPoolExecutor:
+    """Threads for STT and TTS, apart from the default executor where LLM workers wait
+    their turn on the engine lock: with several calls, a speech synthesis must never
+    queue behind another call's LLM."""
+    global _voice_pool
+    with _voice_pool_lock:
+        if _voice_pool is None:
+            _voice_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="specvoice-voice")
+        return _voice_pool
+
+
+class ModelSet(Protocol):
+    """What `Call.from_models` and the transports' call handlers take: AgentModels, or a
+    test's stand-in."""
+
+    stt: SpeechToText
+    tts: TextToSpeech
+
+    def new_backend(self, config: Config | None = None) -> LLMBackend: ...
+
+    def new_endpointer(self) -> Endpointer: ...
+
+    def count_tokens(self, messages: list[dict]) -> int: ...
+
+    def new_turn_taker(self, executor: Executor | None = None) -> TurnTaker: ...
+
+    def new_toolbox(self, call_id: str, caller: str | None = None) -> ToolRunner | None: ...  # None: no tools
 
 
 

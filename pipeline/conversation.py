@@ -15,21 +15,19 @@ line, and what the answer benchmarks play.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pipeline.agent import sampling_params
 from pipeline.receptionist.prompt import system_prompt
 from pipeline.config import Config
 from pipeline.receptionist.guard import FactGuard, turn_guard
-from pipeline.ports import LLMBackend
+from pipeline.ports import LLMBackend, ToolRunner
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
-from pipeline.turn import BargeIn, History, LLMResult
+from pipeline.turn import History, LLMResult, Reply
 
 __all__ = ["TextConversation", "TextTurn"]
 
@@ -75,7 +73,7 @@ class TextConversation:
     conversation (its KV cache follows the conversation, as on a call)."""
 
     def __init__(self, config: Config, backend: LLMBackend, count_tokens: Callable[[list[dict]], int], *,
-                 toolbox: Any | None = None, guard: FactGuard | None = None, greeting: str = "",
+                 toolbox: ToolRunner | None = None, guard: FactGuard | None = None, greeting: str = "",
                  prompt: str | None = None):
         self.config = config
         self.backend = backend
@@ -93,15 +91,13 @@ class TextConversation:
         messages = self.history.messages(line)
         timeline, result = TurnTimeline(index=len(self.turns)), LLMResult()
         events: list[tuple[str, float, dict]] = []
-        sentences: asyncio.Queue = asyncio.Queue()
         p = self.config.pipeline
-        await respond(self.backend, messages, self.params, SentenceSplitter(p.first_clause, p.first_clause_min_words),
-                      sentences, timeline, BargeIn(), result,
-                      lambda kind, **data: events.append((kind, time.monotonic(), data)),
-                      self.toolbox, self.config.tools.hold_line if self.toolbox is not None else "",
-                      turn_guard(self.guard, line, result, self.toolbox,
-                                 [user for user, _ in self.history.exchanges if user]),
-                      self.config.tools.plan, line)
+        await respond(self.backend, messages, Reply(
+            timeline, llm=result, params=self.params, splitter=SentenceSplitter(p.first_clause, p.first_clause_min_words),
+            turn=len(self.turns), emit=lambda e: events.append((e.kind, time.monotonic(), e.as_dict())),
+            toolbox=self.toolbox, hold_line=self.config.tools.hold_line if self.toolbox is not None else "",
+            guard=turn_guard(self.guard, line, result, self.toolbox, [user for user, _ in self.history.exchanges if user]),
+            plan=self.config.tools.plan, caller_text=line))
         said = " ".join(result.sentences)
         self.history.add(line, said, result.tool_messages)  # what the caller heard, as a call keeps it
         turn = TextTurn(len(self.turns), line, said, result, timeline, events)

@@ -37,7 +37,8 @@ __all__ = [
     "KeypadEntry", "KeypadTurn", "LLMText", "MQTT_KINDS", "PreemptiveDiscarded", "PreemptiveKept",
     "PreemptiveStart", "SentenceGuarded", "SentenceHeard", "SentenceReady", "SpeechStart", "ToolCallRejected",
     "ToolCallStarted", "ToolResult", "TranscriptInterim", "TranscriptPause", "TranscriptStable",
-    "TranscriptReady", "TurnEnd", "TurnPending", "UtteranceSkipped",
+    "TranscriptReady", "TurnEnd", "TurnPending", "TurnRecorded", "UtteranceSkipped", "event_callback",
+    "turn_callback",
 ]
 
 
@@ -310,6 +311,15 @@ class TranscriptPause(CallEvent):
     compute_s: float
 
 
+@dataclass(frozen=True)
+class TurnRecorded(CallEvent):
+    """A turn is over: its report entry (what the report holds, MQTT's turns topic and
+    `Call(on_turn=...)` get). Not one of the live events `on_event` callbacks see."""
+
+    kind: ClassVar[str] = "turn"
+    entry: dict
+
+
 # The kinds MQTT publishes as they happen (<prefix>/calls/<id>/events): the end-of-turn
 # decision, the preemptive generation's start / kept / discarded, and the streaming STT's
 # interim, stable and pause transcripts. The rest reach the report with the turn.
@@ -339,6 +349,18 @@ class CallEvents:
                 log.exception("call event observer failed on %s", event.kind)
 
 
-def as_callback(on_event: Callable[[str, dict], None]) -> Observer:
-    """An observer for a `(kind, data)` callback (the browser page, the terminal display)."""
-    return lambda event: on_event(event.kind, event.as_dict())
+def event_callback(on_event: Callable[[str, dict], None]) -> Observer:
+    """An observer for a `(kind, data)` callback (the browser page, the terminal display):
+    every live event, not the finished turns (those go to `turn_callback`)."""
+    def observe(event: CallEvent) -> None:
+        if not isinstance(event, TurnRecorded):
+            on_event(event.kind, event.as_dict())
+    return observe
+
+
+def turn_callback(on_turn: Callable[[dict], None]) -> Observer:
+    """An observer for an `on_turn(entry)` callback: each finished turn's report entry."""
+    def observe(event: CallEvent) -> None:
+        if isinstance(event, TurnRecorded):
+            on_turn(event.entry)
+    return observe

@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import aiomqtt
 
-__all__ = ["MqttPublisher", "topic_segment"]
+from pipeline.events import MQTT_KINDS, CallEvent, TurnRecorded
+
+__all__ = ["CallTelemetry", "MqttPublisher", "topic_segment"]
 
 log = logging.getLogger("specvoice.mqtt")
 
@@ -242,6 +246,29 @@ class MqttPublisher:
         while not self._closing:
             await self._wakeup.wait()
             self._wakeup.clear()
+
+
+class CallTelemetry:
+    """One call's observer on MQTT: each finished turn to the turns topic, the live events
+    (MQTT_KINDS) to the events topic as they happen, the summary once the call is over.
+    `t` on an event is seconds since the call start (`t0`, monotonic), like the report's
+    timelines."""
+
+    def __init__(self, publisher: MqttPublisher, call_id: str, t0: float):
+        self.publisher, self.call_id, self.t0 = publisher, call_id, t0
+
+    def __call__(self, event: CallEvent) -> None:
+        if isinstance(event, TurnRecorded):
+            self.publisher.publish_turn(self.call_id, event.entry)
+        elif event.kind in MQTT_KINDS:
+            t = round(time.monotonic() - self.t0, 6)
+            self.publisher.publish_event(self.call_id, event.kind, {"t": t, **event.as_dict()})
+
+    async def close(self, end_reason: str | None, error: str | None, summary: dict[str, Any]) -> None:
+        """The call's summary, then the link closed (within two seconds, whatever the broker does)."""
+        self.publisher.publish_summary(self.call_id, {"end_reason": end_reason, "error": error, **summary})
+        with contextlib.suppress(BaseException):
+            await self.publisher.aclose(timeout=2.0)
 
 
 def _connection_lost(client: aiomqtt.Client) -> asyncio.Future[Any] | None:

@@ -50,7 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from llm.types import GenerationStats
+from pipeline.events import KeypadEntry
 from pipeline.timeline import METRICS, TurnTimeline, compute_metrics
+from pipeline.turn import Turn
 
 __all__ = [
     "SCHEMA",
@@ -165,6 +167,39 @@ class CallReport:
             turn["preemptive"] = {"starts": int(preemption["starts"]), "events": events}
         self.turns.append(turn)
         return turn
+
+    def add_call_turn(self, turn: Turn, keypad: KeypadEntry | None = None, preemption: dict[str, Any] | None = None,
+                      stt_stream: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Record a call's finished turn (pipeline.turn.Turn): `add_turn`'s entry and what the
+        turn's stages and events add to it. `preemption`: TurnPreemption.record();
+        `stt_stream`: the streaming STT's record (event times on the monotonic clock)."""
+        llm = turn.llm
+        entry = self.add_turn(turn.timeline, turn.user_text, turn.agent_text, turn.heard_text, turn.interrupted,
+                              llm=turn.stats, tool_calls=llm.tool_calls, preemption=preemption)
+        entry["finish_reason"] = turn.finish_reason
+        if keypad is not None:
+            entry["input"] = "dtmf"
+            entry["keypad"] = {"digits": keypad.digits, "ended_by": keypad.ended_by}
+        if llm.fallback:
+            entry["tool_fallback"] = True
+        if llm.hold_line_t is not None:
+            entry["hold_line"] = True  # the first sentence was the hold line, not the model's
+        if llm.guarded:
+            entry["guarded"] = list(llm.guarded)  # sentences the fact guard did not let through
+        if llm.plan is not None:
+            entry["plan"] = llm.plan
+        if llm.action is not None:
+            entry["action"] = {"action": llm.action, "reason": llm.action_reason}
+        if stt_stream is not None:
+            # Event times as the timeline's: seconds since the call start (frame clock = monotonic).
+            entry["stt_stream"] = {**stt_stream, "events": [
+                {**e, "at": round(e["at"] - self.t0, 6)} for e in stt_stream.get("events", ())]}
+        if turn.end_of_turn is not None:
+            e = turn.end_of_turn
+            entry["end_of_turn"] = {"reason": e.reason, "probability": e.probability, "pauses": e.pauses}
+        if turn.error:
+            entry["error"] = turn.error
+        return entry
 
     def _tool_call(self, call: dict[str, Any]) -> dict[str, Any]:
         out = dict(call)

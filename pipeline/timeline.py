@@ -15,6 +15,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.events import KeypadEntry
+    from voice.endpointer import SpeechEnded
 
 __all__ = [
     "EVENTS",
@@ -103,6 +108,26 @@ class TurnTimeline:
 
     index: int = 0
     events: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of_utterance(cls, index: int, utterance: SpeechEnded) -> "TurnTimeline":
+        """A caller turn's timeline, up to its end of speech."""
+        tl = cls(index=index)
+        tl.mark("speech_start", utterance.start_t)
+        tl.mark("last_voiced", utterance.last_voiced_t)
+        tl.mark("end_of_speech", utterance.declared_t)
+        return tl
+
+    @classmethod
+    def of_keypad(cls, index: int, entry: KeypadEntry) -> "TurnTimeline":
+        """A keypad turn's timeline: it starts at the first key and has no last_voiced
+        (nothing was voiced), so the turn stays out of voice-to-voice figures instead of
+        counting the keypad pause; its "transcript" is the entry's end (no STT)."""
+        tl = cls(index=index)
+        tl.mark("speech_start", entry.first_t)
+        tl.mark("end_of_speech", entry.ended_t)
+        tl.mark("transcript", entry.ended_t)
+        return tl
 
     def mark(self, name: str, t: float | None = None, *, overwrite: bool = False) -> float:
         """Stamp `name` at `t` (default: now); returns the stamp in effect."""

@@ -3,6 +3,10 @@
 Stages report what they did as results (`LLMResult`, `SpeechResult`); the turn runner
 alone builds the `Turn` from them, so a turn's state has one owner. Every stage stamps
 the turn's `TurnTimeline` (the one shared ledger of events, from which every metric comes).
+
+A `Reply` is one answer of the agent's as the respond and speak stages share it: the
+turn's timeline, barge-in and results, the LLM's parameters, the tools, the guard and the
+sentence queue between the two stages, and where the turn's events go.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llm.types import GenerationStats
-from pipeline.events import TurnEnd
+from llm.types import GenerationStats, SamplingParams
+from pipeline.events import CallEvent, TurnEnd
+from pipeline.ports import ToolRunner
+from pipeline.sentences import SentenceSplitter
 from pipeline.timeline import TurnTimeline
 
-__all__ = ["BargeIn", "History", "LLMResult", "SpeechResult", "Turn"]
+__all__ = ["BargeIn", "History", "LLMResult", "Reply", "SpeechResult", "Turn"]
 
 
 @dataclass
@@ -132,6 +138,42 @@ class Turn:
         if self.llm.passes_at_barge_in is None or self.llm.stats is None:
             return None
         return self.llm.stats.passes - self.llm.passes_at_barge_in
+
+
+def _ignore(event: CallEvent) -> None:
+    pass
+
+
+@dataclass
+class Reply:
+    """One answer of the agent's, handed to both stages that make it: respond (LLM ->
+    sentences) fills `llm` and puts each sentence in `sentences`, speak (sentences -> audio)
+    fills `speech`; both stamp `timeline` and stop on `barge_in`."""
+
+    timeline: TurnTimeline
+    barge_in: BargeIn = field(default_factory=BargeIn)
+    llm: LLMResult = field(default_factory=LLMResult)
+    speech: SpeechResult = field(default_factory=SpeechResult)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    splitter: SentenceSplitter = field(default_factory=SentenceSplitter)
+    turn: int = 0  # the turn's index, on the events the stages emit
+    emit: Callable[[CallEvent], None] = _ignore
+    # The model may call tools (pipeline.receptionist.tools.ToolBox); `hold_line` is said when
+    # it starts a call before saying anything; `plan` ([tools] plan): the turn is decided as a
+    # constrained plan (stages/plan_step.py) on `caller_text` instead.
+    toolbox: ToolRunner | None = None
+    hold_line: str = ""
+    plan: bool = False
+    caller_text: str = ""
+    # The fact guard (pipeline.receptionist.guard.TurnGuard): a model sentence -> what is
+    # said instead (itself, another, or None: nothing); our own lines skip it.
+    guard: Callable[[str], str | None] | None = None
+    sentences: asyncio.Queue = field(default_factory=asyncio.Queue)  # respond -> speak; None ends it
+
+    @classmethod
+    def of(cls, turn: "Turn", **options: object) -> "Reply":
+        """The reply of a call's turn: its timeline, barge-in and results are the turn's."""
+        return cls(turn.timeline, turn.barge_in, turn.llm, turn.speech, turn=turn.index, **options)  # type: ignore[arg-type]
 
 
 @dataclass

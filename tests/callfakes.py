@@ -180,6 +180,9 @@ class FakeModels:
 
         return turn_taker(load_config("test"), None, executor)
 
+    def new_toolbox(self, call_id: str, caller: str | None = None):
+        return None  # no tools, as AgentModels with [tools] off
+
     @staticmethod
     def count_tokens(messages: list[dict]) -> int:
         return sum(len(m.get("content", "")) // 4 + 4 for m in messages)

@@ -17,15 +17,14 @@ import pytest
 from bench import QUALITY, RESULTS
 from callfakes import FakeModels, ScriptedBackend, ScriptedSTT, ToneTTS
 from demo import BUSINESSES
-from llm.types import SamplingParams
 from pipeline.receptionist.bookings import open_store
 from pipeline.receptionist.business import FALLBACK, BusinessConfig, default_business
 from pipeline.receptionist.guard import FactGuard, Support, TurnGuard, normalize
-from pipeline.sentences import SentenceSplitter, split_sentences
+from pipeline.sentences import split_sentences
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
 from pipeline.receptionist.tools import ToolBox
-from pipeline.turn import BargeIn, LLMResult
+from pipeline.turn import LLMResult, Reply
 
 
 
@@ -241,15 +240,16 @@ async def test_respond_speaks_what_the_guard_lets_through(dental):
     turn = TurnGuard(dental, caller="What do a cleaning and a root canal cost?")
     sentences: asyncio.Queue = asyncio.Queue()
     result, events = LLMResult(), []
-    await respond(backend, [{"role": "user", "content": "x"}], SamplingParams(), SentenceSplitter(), sentences,
-                  TurnTimeline(), BargeIn(), result, lambda kind, **d: events.append((kind, d)), guard=turn)
+    await respond(backend, [{"role": "user", "content": "x"}],
+                  Reply(TurnTimeline(), llm=result, sentences=sentences, emit=lambda e: events.append((e.kind, e.as_dict())),
+                        guard=turn))
     spoken = []
     while (s := sentences.get_nowait()) is not None:
         spoken.append(s)
     assert spoken == ["A cleaning is $89.", dental.book.fallback, "Anything else?"]
     assert result.sentences == spoken
     assert [g["sentence"] for g in turn.guarded] == ["A root canal is $120."]
-    assert ("guarded", {"sentence": "A root canal is $120.", "said": dental.book.fallback}) in events
+    assert ("guarded", {"turn": 0, "sentence": "A root canal is $120.", "said": dental.book.fallback}) in events
 
 
 def _tone(seconds: float) -> np.ndarray:

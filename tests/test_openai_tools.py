@@ -19,12 +19,11 @@ from llm.openai_backend import OpenAIChatBackend, streamed_tool_parse, wire_mess
 from llm.tool_calls import ToolCall
 from llm.types import SamplingParams
 from pipeline.receptionist.bookings import open_store
-from pipeline.sentences import SentenceSplitter
 from pipeline.stages.respond import respond
 from pipeline.stages.tools_step import FALLBACK
 from pipeline.timeline import TurnTimeline
 from pipeline.receptionist.tools import TOOL_SCHEMAS, ToolBox
-from pipeline.turn import BargeIn, LLMResult
+from pipeline.turn import LLMResult, Reply
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,8 +84,8 @@ def store(tmp_path):
 async def turn(backend, store):
     sentences: asyncio.Queue = asyncio.Queue()
     result = LLMResult()
-    await respond(backend, [SYSTEM, USER], SamplingParams(max_new_tokens=64), SentenceSplitter(), sentences,
-                  TurnTimeline(), BargeIn(), result, toolbox=ToolBox(store, "call-openai"))
+    await respond(backend, [SYSTEM, USER], Reply(TurnTimeline(), llm=result, params=SamplingParams(max_new_tokens=64),
+                                                 sentences=sentences, toolbox=ToolBox(store, "call-openai")))
     spoken = []
     while (s := sentences.get_nowait()) is not None:
         spoken.append(s)
@@ -367,9 +366,9 @@ async def test_real_server_turn_books_the_slot_in_sqlite(qwen, tmp_path):
     started = time.monotonic()
     async with backend:
         await respond(backend, [{"role": "system", "content": system_prompt(cfg)}, {"role": "user", "content": CALLER}],
-                      params, SentenceSplitter(), sentences, TurnTimeline(), BargeIn(), result,
-                      lambda kind, **data: events.append((round(time.monotonic() - started, 2), kind, data)),
-                      ToolBox(store, "call-real-openai"))
+                      Reply(TurnTimeline(), llm=result, params=params, sentences=sentences,
+                            emit=lambda e: events.append((round(time.monotonic() - started, 2), e.kind, e.as_dict())),
+                            toolbox=ToolBox(store, "call-real-openai")))
     spoken = []
     while (s := sentences.get_nowait()) is not None:
         spoken.append(s)

@@ -18,7 +18,7 @@ from pipeline.call import Call
 from pipeline.config import load_config
 from pipeline.ports import AudioFrame
 from pipeline.report import load_report
-from pipeline.events import KeyPress
+from pipeline.events import KeyPress, event_callback
 from pipeline.stages.preempt import MAX_STARTS_PER_TURN
 from pipeline.stages.turn_taking import TurnTaker
 from voice.endpointer import EndpointConfig, Endpointer
@@ -340,7 +340,7 @@ async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_pat
             lock.release.set()
 
     call, _, _ = make_call(config(tmp_path / "pre"), steps, spy, ScriptedSTT(seconds_stt), LengthModel(1.5), log)
-    call.on_event = lambda kind, data: (log.append((kind, data)), on_log(kind))
+    call.events.subscribe(event_callback(lambda kind, data: on_log(kind)))  # beside make_call's log
     await asyncio.wait_for(call.run(), 120)
 
     async def no_wait() -> None:
@@ -576,7 +576,7 @@ async def test_a_barge_in_stops_a_kept_preemptive_generation(tmp_path):
              silence(0.3)]
     call, _, sink = make_call(config(tmp_path), steps, backend, ScriptedSTT(seconds_stt), LengthModel(2.0), log)
     sinks.append(sink)
-    call.on_event = lambda kind, data: (log.append((kind, data)), kind == "barge_in" and backend.proceed.set())
+    call.events.subscribe(event_callback(lambda kind, data: kind == "barge_in" and backend.proceed.set()))
     await asyncio.wait_for(call.run(), 60)
     first = call.turns[0]
     # The turn's barge-in reached the kept generation; the caller's new words are a new

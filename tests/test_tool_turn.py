@@ -20,14 +20,12 @@ import numpy as np
 import pytest
 
 from callfakes import FakeModels, ScriptedBackend, ScriptedSTT, ToneTTS
-from llm.types import SamplingParams
 from pipeline.receptionist.bookings import open_store
-from pipeline.sentences import SentenceSplitter
 from pipeline.stages.respond import respond
 from pipeline.stages.tools_step import FALLBACK, MAX_ROUNDS
 from pipeline.timeline import TurnTimeline
 from pipeline.receptionist.tools import ToolBox
-from pipeline.turn import BargeIn, LLMResult
+from pipeline.turn import BargeIn, LLMResult, Reply
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,8 +95,9 @@ async def turn(backend, box, barge_in: BargeIn | None = None, sentences: asyncio
     sentences = sentences if sentences is not None else asyncio.Queue()
     result, tl = LLMResult(), TurnTimeline()
     events = []
-    await respond(backend, [SYSTEM, USER], SamplingParams(), SentenceSplitter(), sentences, tl,
-                  barge_in or BargeIn(), result, lambda kind, **data: events.append((kind, data)), box, hold_line)
+    await respond(backend, [SYSTEM, USER], Reply(tl, barge_in or BargeIn(), result, sentences=sentences,
+                                                 emit=lambda e: events.append((e.kind, e.as_dict())),
+                                                 toolbox=box, hold_line=hold_line))
     spoken = []
     while (s := sentences.get_nowait()) is not None:
         spoken.append(s)
@@ -304,7 +303,7 @@ async def test_a_turn_that_begins_with_a_tool_call_says_the_hold_line_before_the
     result, spoken, events = await turn(backend, box, sentences=sentences, hold_line=HOLD)
     assert spoken == [HOLD, "You're booked for Tuesday at 10:30, Ann."]
     assert box.spoken_before == [[HOLD]]  # heard while the call was being written and run
-    assert result.hold_line_t is not None and ("hold_line", {"text": HOLD}) in events
+    assert result.hold_line_t is not None and ("hold_line", {"turn": 0, "text": HOLD}) in events
     # Not the model's words: its next round does not see them.
     assert result.tool_messages[0]["role"] == "assistant" and result.tool_messages[0]["content"] == ""
     assert len(store.bookings()) == 1

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.receptionist.business import DAYS, FALLBACK, BusinessConfig, _is_closed, _label_days, day_hours
+from pipeline.receptionist.business import DAYS, FALLBACK, BusinessConfig, _is_closed, day_hours
 
 __all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "claimed_actions", "normalize", "turn_guard"]
 

@@ -7,19 +7,16 @@ respond.py do not import each other.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from llm.tool_calls import ToolCallFilter, ToolCallParse
 from llm.types import GenerationStats, SamplingParams
+from pipeline.events import CallEvent, HoldLine, LLMText, SentenceGuarded, SentenceReady
 from pipeline.ports import LLMBackend
-from pipeline.sentences import SentenceSplitter
-from pipeline.timeline import TurnTimeline
-from pipeline.turn import BargeIn, LLMResult
+from pipeline.turn import BargeIn, LLMResult, Reply
 
 __all__ = ["AnswerStream"]
 
@@ -30,15 +27,8 @@ class AnswerStream:
     (generations): text -> (tool-call filter) -> splitter -> sentence queue."""
 
     backend: LLMBackend
-    params: SamplingParams
-    splitter: SentenceSplitter
-    sentences: asyncio.Queue
-    timeline: TurnTimeline
-    barge_in: BargeIn
-    result: LLMResult
-    emit: Callable[..., None]
-    hold_line: str = ""  # said when a tool call begins before anything was said (once a turn)
-    guard: Callable[[str], str | None] | None = None  # the fact guard: a model sentence -> what is said
+    reply: Reply  # the turn's: timeline, barge-in, results, hold line, guard, sentence queue
+    params: SamplingParams = field(init=False)  # the reply's, unless a step swaps them for a round (plan_step)
     rounds: list[GenerationStats] = field(default_factory=list)  # one per finished generation
     # The last round's text as the model wrote it, tool calls included (the tool step puts it
     # in the history so that the next round's prompt starts with the tokens already in the
@@ -48,6 +38,20 @@ class AnswerStream:
     _live: bool = False
     _held: bool = False
     _after_line: bool = False
+
+    def __post_init__(self) -> None:
+        self.params = self.reply.params
+
+    @property
+    def result(self) -> LLMResult:
+        return self.reply.llm
+
+    @property
+    def barge_in(self) -> BargeIn:
+        return self.reply.barge_in
+
+    def emit(self, event: CallEvent) -> None:
+        self.reply.emit(event)
 
     async def round(self, messages: list[dict], filt: ToolCallFilter | None = None) -> tuple[str, ToolCallParse]:
         """Generate once; speak what may be spoken (the end of the round flushes the
@@ -59,7 +63,7 @@ class AnswerStream:
         try:
             async with contextlib.aclosing(self.backend.stream(messages, self.params, self.barge_in.event)) as stream:
                 async for group in stream:
-                    self.timeline.mark("first_token", min(group.timestamp, time.monotonic()))
+                    self.reply.timeline.mark("first_token", min(group.timestamp, time.monotonic()))
                     self.result.groups += 1
                     if group.finish_reason:
                         self.result.finish_reason = group.finish_reason
@@ -67,7 +71,7 @@ class AnswerStream:
                         continue
                     written.append(group.text)
                     said.append(self.say(filt.feed(group.text) if filt is not None else group.text))
-                    if filt is not None and filt.holding and self.hold_line and not self._held:
+                    if filt is not None and filt.holding and self.reply.hold_line and not self._held:
                         self._hold()
             parse = ToolCallParse()
             if filt is not None:
@@ -94,8 +98,8 @@ class AnswerStream:
         self.flush()
         if not self.result.sentences:
             self.result.hold_line_t = time.monotonic()
-            self.line(self.hold_line)
-            self.emit("hold_line", text=self.hold_line)
+            self.line(self.reply.hold_line)
+            self.emit(HoldLine(self.reply.turn, self.reply.hold_line))
 
     def close_round(self) -> None:
         if self._live:
@@ -115,13 +119,13 @@ class AnswerStream:
                 self.result.text += " "  # the model goes on after a line of ours (the hold line)
             self._after_line = False
             self.result.text += text
-            self.emit("llm_text", text=text)
-            for sentence in self.splitter.feed(text):
+            self.emit(LLMText(self.reply.turn, text))
+            for sentence in self.reply.splitter.feed(text):
                 self._hand(sentence)
         return text
 
     def flush(self) -> None:
-        for sentence in self.splitter.flush():
+        for sentence in self.reply.splitter.flush():
             self._hand(sentence)
 
     def line(self, sentence: str) -> None:
@@ -132,14 +136,14 @@ class AnswerStream:
         self._hand(sentence, ours=True)
 
     def _hand(self, sentence: str, ours: bool = False) -> None:
-        if self.guard is not None and not ours:
-            said = self.guard(sentence)
+        if self.reply.guard is not None and not ours:
+            said = self.reply.guard(sentence)
             if said != sentence:
-                self.emit("guarded", sentence=sentence, said=said)
+                self.emit(SentenceGuarded(self.reply.turn, sentence, said))
             if said is None:
                 return
             sentence = said
-        self.timeline.mark("first_sentence")
+        self.reply.timeline.mark("first_sentence")
         self.result.sentences.append(sentence)
-        self.sentences.put_nowait(sentence)
-        self.emit("sentence", text=sentence)
+        self.reply.sentences.put_nowait(sentence)
+        self.emit(SentenceReady(self.reply.turn, sentence))

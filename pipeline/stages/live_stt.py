@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.events import TurnEnd
+from pipeline.events import CallEvent, TranscriptInterim, TranscriptPause, TranscriptStable, TurnEnd
 from voice.endpointer import Endpointer, SpeechEnded
 from voice.streaming_stt import FinishStats, StreamingTranscriber, TranscriptEvent
 
@@ -91,7 +91,7 @@ class LiveTranscript:
     task: `heard` after every frame, `piece_ended` on each SpeechEnded, `claim` on TurnEnd."""
 
     def __init__(self, new_transcriber: Callable[[], StreamingTranscriber], *, executor: Executor | None = None,
-                 emit: Callable[..., None] = lambda kind, **data: None, paused: Callable[[], bool] = lambda: False):
+                 emit: Callable[[CallEvent], None] = lambda event: None, paused: Callable[[], bool] = lambda: False):
         self.new_transcriber = new_transcriber
         self.executor, self.emit = executor, emit
         self.paused = paused  # True while the agent answers: no passes (the audio is still kept)
@@ -152,7 +152,7 @@ class LiveTranscript:
             log.warning("streaming STT at a pause: %s; no pause transcript", mismatch)
             return None
         text, tail_s, compute_s = await transcriber.peek_async(self.executor)
-        self.emit("transcript_pause", text=text, tail_s=round(tail_s, 4), compute_s=round(compute_s, 4))
+        self.emit(TranscriptPause(text, round(tail_s, 4), round(compute_s, 4)))
         return text
 
     async def close(self) -> None:
@@ -182,7 +182,7 @@ class LiveTranscript:
             log.exception("streaming STT pass failed")
             return
         for e in events:
-            self.emit(_event_kind(e), text=e.text, new=e.new, at=e.at)
+            self.emit(_event_type(e)(e.text, e.new, e.at))
 
 
 def _mismatch(transcriber: StreamingTranscriber, audio: np.ndarray) -> str | None:
@@ -194,8 +194,8 @@ def _mismatch(transcriber: StreamingTranscriber, audio: np.ndarray) -> str | Non
     return None
 
 
-def _event_kind(event: TranscriptEvent) -> str:
-    return f"transcript_{event.kind}"  # transcript_stable | transcript_interim
+def _event_type(event: TranscriptEvent) -> type[TranscriptStable] | type[TranscriptInterim]:
+    return TranscriptStable if event.kind == "stable" else TranscriptInterim
 
 
 def _running(task: asyncio.Task | None) -> bool:

@@ -23,6 +23,7 @@ import time
 
 from llm.tool_calls import ToolCallParse
 from llm.types import Constraint
+from pipeline.events import ToolResult
 from pipeline.ports import ToolRunner
 from pipeline.receptionist.plan import Outcome, act, parse_plan, plan_grammar
 from pipeline.stages.answer import AnswerStream
@@ -129,7 +130,7 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         result.tool_calls.append({"name": o.name, "arguments": o.arguments, "ok": o.ok, "result": o.result,
                                   "error": o.error, "elapsed_ms": round(o.elapsed_ms, 3), "action": o.action,
                                   "reason": o.reason, "round": 0, "start": t, "end": end})
-        answer.emit("tool_result", name=o.name, ok=o.ok, error=o.error, elapsed_ms=o.elapsed_ms)
+        answer.emit(ToolResult(answer.reply.turn, o.name, o.ok, o.error, o.elapsed_ms))
     # For the model's later turns: what it decided and what the database said, as a tool
     # round in the history (as a call with tool calls keeps it).
     if outcome.calls:

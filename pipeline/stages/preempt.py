@@ -51,13 +51,15 @@ import numpy as np
 
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 from pipeline.ports import LLMBackend, SpeechToText
-from pipeline.events import TurnEnd, TurnPending
+from pipeline.events import (CallEvent, PreemptiveDiscarded, PreemptiveKept, PreemptiveStart, TurnEnd,
+                             TurnPending)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["MAX_STARTS_PER_TURN", "Preemption", "PreemptedBackend", "Preemptor", "TurnPreemption", "same_audio"]
 
 MAX_STARTS_PER_TURN = 3
+_EVENTS = {"start": PreemptiveStart, "kept": PreemptiveKept, "discarded": PreemptiveDiscarded}
 
 
 class Stop:
@@ -118,6 +120,10 @@ class TurnPreemption:
     def hit(self) -> bool:
         return self.preemption is not None and self.preemption.kept
 
+    def record(self) -> dict:
+        """For the turn's report entry (pipeline/report.py): hit, starts, and the events."""
+        return {"hit": self.hit, "starts": self.starts, "events": self.log}
+
 
 def same_audio(pause: TurnPending, end: TurnEnd) -> bool:
     """The turn ended on exactly the audio the preemption heard: the same pieces and the
@@ -134,7 +140,7 @@ class Preemptor:
 
     def __init__(self, stt: SpeechToText, backend: LLMBackend, params: SamplingParams,
                  messages_for: Callable[[str], list[dict]], *, executor: Executor | None = None,
-                 emit: Callable[..., None] = lambda kind, **data: None, max_starts: int = MAX_STARTS_PER_TURN):
+                 emit: Callable[[CallEvent], None] = lambda event: None, max_starts: int = MAX_STARTS_PER_TURN):
         self.stt, self.backend, self.params = stt, backend, params
         self.messages_for = messages_for  # transcript -> the messages its turn would send (runs in a thread)
         self.executor, self.emit, self.max_starts = executor, emit, max_starts
@@ -301,8 +307,8 @@ class Preemptor:
 
     def _note(self, p: Preemption, event: str, **data: Any) -> None:
         p.log.append({"event": event, "t": time.monotonic(), **data})
-        if event != "llm_start":
-            self.emit(f"preemptive_{event}", **data)
+        if (event_type := _EVENTS.get(event)) is not None:  # llm_start is the report's only
+            self.emit(event_type(**data))
 
 
 class PreemptedBackend:

@@ -16,50 +16,29 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import Any
 
-from llm.types import GenerationStats, SamplingParams
+from llm.types import GenerationStats
 from pipeline.ports import LLMBackend
-from pipeline.sentences import SentenceSplitter
 from pipeline.stages.answer import AnswerStream
 from pipeline.stages.plan_step import plan_turn
 from pipeline.stages.tools_step import tool_turn
-from pipeline.timeline import TurnTimeline
-from pipeline.turn import BargeIn, LLMResult
+from pipeline.turn import Reply
 
 log = logging.getLogger(__name__)
 
 __all__ = ["merge_stats", "respond"]
 
 
-async def respond(
-    backend: LLMBackend,
-    messages: list[dict],
-    params: SamplingParams,
-    splitter: SentenceSplitter,
-    sentences: asyncio.Queue,
-    timeline: TurnTimeline,
-    barge_in: BargeIn,
-    result: LLMResult,
-    emit: Callable[..., None] = lambda kind, **data: None,
-    toolbox: Any | None = None,
-    hold_line: str = "",
-    guard: Callable[[str], str | None] | None = None,
-    plan: bool = False,
-    caller_text: str = "",
-) -> LLMResult:
-    """Stream the answer; put each sentence into `sentences`, then None. Fills `result` as
-    it goes (text, sentences, finish reason, stats, passes at a barge-in, error, tool calls),
-    so that a hang-up mid-answer still leaves what was said; returns it. With `toolbox`
-    (pipeline.receptionist.tools.ToolBox) the model may call tools between rounds; `hold_line` is said
-    when the model starts a call before it said anything (AnswerStream.round). `guard`
-    (pipeline.receptionist.guard.TurnGuard) judges each of the model's sentences before TTS: it returns
-    the sentence, what to say instead, or None (say nothing); our own lines skip it. `plan`
-    (with a toolbox): the turn is decided as a constrained plan and acted on
-    (stages/plan_step.py) instead of the model calling tools; `caller_text` is its line."""
-    answer = AnswerStream(backend, params, splitter, sentences, timeline, barge_in, result, emit,
-                          hold_line=hold_line, guard=guard)
+async def respond(backend: LLMBackend, messages: list[dict], reply: Reply) -> Reply:
+    """Stream the answer; put each sentence into `reply.sentences`, then None. Fills
+    `reply.llm` as it goes (text, sentences, finish reason, stats, passes at a barge-in,
+    error, tool calls), so that a hang-up mid-answer still leaves what was said. With
+    `reply.toolbox` the model may call tools between rounds (or, with `reply.plan`, the turn
+    is decided as a constrained plan and acted on, stages/plan_step.py); the hold line is
+    said when the model starts a call before it said anything (AnswerStream.round).
+    `reply.guard` judges each of the model's sentences before TTS."""
+    answer = AnswerStream(backend, reply)
+    result, timeline, barge_in = reply.llm, reply.timeline, reply.barge_in
 
     async def note_barge_in() -> None:
         await barge_in.event.wait()
@@ -68,12 +47,12 @@ async def respond(
     watcher = asyncio.create_task(note_barge_in())
     timeline.mark("llm_request")
     try:
-        if toolbox is None:
+        if reply.toolbox is None:
             await answer.round(messages)
-        elif plan:
-            await plan_turn(answer, messages, toolbox, caller_text)
+        elif reply.plan:
+            await plan_turn(answer, messages, reply.toolbox, reply.caller_text)
         else:
-            await tool_turn(answer, messages, toolbox)
+            await tool_turn(answer, messages, reply.toolbox)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -90,8 +69,8 @@ async def respond(
         result.stats = merge_stats(answer.rounds)
         if "first_token" in timeline:
             timeline.mark("llm_done")
-        sentences.put_nowait(None)
-    return result
+        reply.sentences.put_nowait(None)
+    return reply
 
 
 def merge_stats(rounds: list[GenerationStats]) -> GenerationStats | None:

@@ -17,13 +17,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Executor
 
+from pipeline.events import SentenceHeard
 from pipeline.playout import wait_confirmed
 from pipeline.ports import AudioSink, TextToSpeech
 from pipeline.timeline import TurnTimeline
-from pipeline.turn import BargeIn, SpeechResult
+from pipeline.turn import BargeIn, Reply, SpeechResult
 from voice.tts import synthesize_async
 
 log = logging.getLogger(__name__)
@@ -33,21 +34,14 @@ __all__ = ["speak", "MARK_SLACK_S"]
 MARK_SLACK_S = 10.0  # beyond the audio's own length, how long a mark may take to come back
 
 
-async def speak(
-    tts: TextToSpeech,
-    sink: AudioSink,
-    sentences: asyncio.Queue,
-    timeline: TurnTimeline,
-    barge_in: BargeIn,
-    mark_names: Iterator[str],
-    result: SpeechResult,
-    executor: Executor | None = None,
-    emit: Callable[..., None] = lambda kind, **data: None,
-) -> SpeechResult:
-    """Speak each sentence as it comes; fills `result` (heard, audio_s, error) as it goes."""
+async def speak(tts: TextToSpeech, sink: AudioSink, reply: Reply, mark_names: Iterator[str],
+                executor: Executor | None = None) -> SpeechResult:
+    """Speak each sentence of `reply.sentences` as it comes; fills `reply.speech` (heard,
+    audio_s, error) as it goes."""
+    sentences, timeline, barge_in, result = reply.sentences, reply.timeline, reply.barge_in, reply.speech
     marks: asyncio.Queue = asyncio.Queue()
     clearer = asyncio.create_task(_clear_on_barge_in(sink, timeline, barge_in))
-    confirmer = asyncio.create_task(_confirm_marks(marks, result, timeline, barge_in, emit))
+    confirmer = asyncio.create_task(_confirm_marks(marks, reply))
     started = time.monotonic()
 
     def stamp_out(went_out: asyncio.Future) -> None:
@@ -89,8 +83,8 @@ async def _clear_on_barge_in(sink: AudioSink, timeline: TurnTimeline, barge_in: 
     timeline.mark("barge_in")
 
 
-async def _confirm_marks(marks: asyncio.Queue, result: SpeechResult, timeline: TurnTimeline, barge_in: BargeIn,
-                         emit: Callable[..., None]) -> None:
+async def _confirm_marks(marks: asyncio.Queue, reply: Reply) -> None:
+    result, timeline, barge_in = reply.speech, reply.timeline, reply.barge_in
     last = None
     while (item := await marks.get()) is not None:
         confirmed, sentence, audio_until = item
@@ -98,6 +92,6 @@ async def _confirm_marks(marks: asyncio.Queue, result: SpeechResult, timeline: T
         if await wait_confirmed(confirmed, timeout) and not barge_in.fired:
             result.heard.append(sentence)
             last = time.monotonic()
-            emit("heard", text=sentence)
+            reply.emit(SentenceHeard(reply.turn, sentence))
     if last is not None and "first_audio_out" in timeline:
         timeline.mark("playback_done", max(last, timeline.events["first_audio_out"]))

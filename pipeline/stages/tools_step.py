@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from llm.tool_calls import ToolCall, ToolCallFilter, ToolCallParse
+from pipeline.events import ToolCallRejected, ToolCallStarted, ToolResult
 from pipeline.ports import ToolRunner
 from pipeline.receptionist.tools import TOOLS
 from pipeline.stages.answer import AnswerStream
@@ -91,12 +92,12 @@ def tool_names(backend: Any) -> frozenset[str]:
 async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: int,
                      answer: AnswerStream) -> tuple[list[dict], bool]:
     """Run one round's calls; returns (the messages to append, all calls succeeded)."""
-    result, emit = answer.result, answer.emit
+    result, emit, turn = answer.result, answer.emit, answer.reply.turn
     if parse.error is not None:
         # No call to run: the model gets its own text back with what was wrong with it.
         t = time.monotonic()
         result.tool_calls.append(_entry(None, parse.raw, False, None, parse.error, 0.0, None, None, n, t, t))
-        emit("tool_call", name=None, ok=False, error=parse.error)
+        emit(ToolCallRejected(turn, None, False, parse.error))
         return [{"role": "assistant", "content": (said.rstrip() + "\n" + parse.raw).strip(),
                  **_as_written(answer)},
                 {"role": "tool", "content": json.dumps({"error": parse.error}, ensure_ascii=False)}], False
@@ -107,7 +108,7 @@ async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: in
                          **_as_written(answer)}]
     ok_all = True
     for call_id, call in zip(ids, parse.calls):
-        entry = await _run_one(call, toolbox, n, emit)
+        entry = await _run_one(call, toolbox, n, answer)
         result.tool_calls.append(entry)
         ok_all &= entry["ok"]
         if entry["ok"] and entry["action"] and result.action is None:
@@ -128,8 +129,8 @@ def _as_written(answer: AnswerStream) -> dict:
     return {"as_written": answer.written} if answer.written.strip() else {}
 
 
-async def _run_one(call: ToolCall, toolbox: ToolRunner, n: int, emit: Any) -> dict:
-    emit("tool_call", name=call.name, arguments=call.arguments)
+async def _run_one(call: ToolCall, toolbox: ToolRunner, n: int, answer: AnswerStream) -> dict:
+    answer.emit(ToolCallStarted(answer.reply.turn, call.name, call.arguments))
     start = time.monotonic()
     try:
         o = await asyncio.to_thread(toolbox.run, call.name, call.arguments)
@@ -140,7 +141,7 @@ async def _run_one(call: ToolCall, toolbox: ToolRunner, n: int, emit: Any) -> di
         end = time.monotonic()
         entry = _entry(call.name, call.arguments, False, None, f"{type(exc).__name__}: {exc}",
                        (end - start) * 1000, None, None, n, start, end)
-    emit("tool_result", name=entry["name"], ok=entry["ok"], error=entry["error"], elapsed_ms=entry["elapsed_ms"])
+    answer.emit(ToolResult(answer.reply.turn, entry["name"], entry["ok"], entry["error"], entry["elapsed_ms"]))
     return entry
 
 

@@ -28,17 +28,21 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.config import Config
 from pipeline.events import KeyPress
-from pipeline.ports import AudioFrame
-from pipeline.transports.telephony.protocol import Dtmf, Media, Stop
+from pipeline.ports import AudioFrame, ToolRunner
+from pipeline.transports.telephony.protocol import Dtmf, Media, Start, Stop
 from pipeline.transports.telephony.call import TelephonyCall
 from voice import mulaw
 from voice.audio import PHONE_RATE, STT_RATE, to_float32
+
+if TYPE_CHECKING:  # the call is imported when a handler is made: a bare server starts without the models' code
+    from pipeline.agent import ModelSet
+    from pipeline.call import Call
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ class TelephonySource:
                 yield KeyPress(event.digit, time.monotonic())
 
 
-def _write_recording(call: TelephonyCall, pipeline_call: Any) -> None:
+def _write_recording(call: TelephonyCall, pipeline_call: Call) -> None:
     """Both sides of the call beside its report, when the server records phone calls."""
     recording = call.recording
     if recording is None or pipeline_call.report_path is None or pipeline_call.report is None:
@@ -108,17 +112,17 @@ class NoTransferLine:
     UNAVAILABLE = ("transfer_to_human: nobody can take the call now (no transfer line is set up); "
                    "tell the caller and offer to take a message")
 
-    def __init__(self, toolbox: Any):
+    def __init__(self, toolbox: ToolRunner):
         self.toolbox = toolbox
 
-    def run(self, name: str, arguments: Any) -> Any:
+    def run(self, name: str, arguments: str | dict) -> Any:
         outcome = self.toolbox.run(name, arguments)  # bad arguments are still reported as such
         if outcome.action != "transfer":
             return outcome
         return dataclasses.replace(outcome, ok=False, result=None, error=self.UNAVAILABLE, action=None, reason=None)
 
 
-def caller_id(start: Any) -> str | None:
+def caller_id(start: Start) -> str | None:
     """The caller's number from the `start` message: the `From` custom parameter, which the
     /voice TwiML sets from Twilio's webhook (`<Parameter name="From" .../>`). None when the
     stream did not come through that TwiML (a client that sent no parameters)."""
@@ -128,12 +132,12 @@ def caller_id(start: Any) -> str | None:
 
 def make_call_handler(
     config: Config,
-    models: Any = None,
+    models: ModelSet | None = None,
     *,
     report_dir: str | Path | None = None,
     greeting: bool | str = True,
     on_turn: Callable[[str, dict], None] | None = None,
-    on_call_end: Callable[[Any], None] | None = None,
+    on_call_end: Callable[[Call], None] | None = None,
     preload: bool = True,
 ):
     """`async def on_call(call)` for the bridge: one Call per phone call, shared models.
@@ -145,36 +149,34 @@ def make_call_handler(
     from pipeline.agent import AgentModels
     from pipeline.call import Call
 
-    state: dict[str, Any] = {"models": models}
+    state: dict[str, ModelSet | None] = {"models": models}
     lock: asyncio.Lock | None = None  # created on the loop, below
 
     if state["models"] is None and preload:
         state["models"] = AgentModels.load(config)
 
-    async def get_models() -> Any:
+    async def get_models() -> ModelSet:
         nonlocal lock
-        if state["models"] is not None:
-            return state["models"]
+        if (loaded := state["models"]) is not None:
+            return loaded
         if lock is None:
             lock = asyncio.Lock()
         async with lock:
-            if state["models"] is None:
-                state["models"] = await asyncio.to_thread(AgentModels.load, config)
-        return state["models"]
+            if (loaded := state["models"]) is None:
+                loaded = state["models"] = await asyncio.to_thread(AgentModels.load, config)
+        return loaded
 
-    async def on_call(call: Any) -> None:
+    async def on_call(call: TelephonyCall) -> None:
         agent_models = await get_models()
         start = call.start
         call_id = start.call_sid or start.stream_sid
         source, sink = TelephonySource(call), call.output
-        tools: dict[str, Any] = {}
-        new_toolbox = getattr(agent_models, "new_toolbox", None)
-        if new_toolbox is not None:
-            toolbox = new_toolbox(call_id, caller_id(start))
-            tools["toolbox"] = toolbox if toolbox is None or config.bridge.transfer_to else NoTransferLine(toolbox)
+        toolbox = agent_models.new_toolbox(call_id, caller_id(start))
+        if toolbox is not None and not config.bridge.transfer_to:
+            toolbox = NoTransferLine(toolbox)
         pipeline_call = Call.from_models(
             config, agent_models, source, sink, call_id=call_id, report_dir=report_dir, greeting=greeting,
-            on_turn=(lambda entry: on_turn(call_id, entry)) if on_turn is not None else None, **tools,
+            on_turn=(lambda entry: on_turn(call_id, entry)) if on_turn is not None else None, toolbox=toolbox,
         )
         on_call.calls.append(pipeline_call)
         del on_call.calls[:-KEEP_CALLS]  # a long-running server must not keep every call

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.config import Config
 from pipeline.transports.web.browser import BrowserCall
+
+if TYPE_CHECKING:
+    from pipeline.agent import ModelSet
+    from pipeline.call import Call
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +31,11 @@ KEEP_CALLS = 64
 
 def make_browser_handler(
     config: Config,
-    get_models: Callable[[], Awaitable[Any]],
+    get_models: Callable[[], Awaitable[ModelSet]],
     *,
     greeting: bool | str = True,
     on_turn: Callable[[str, dict], None] | None = None,
-    on_call_end: Callable[[Any], None] | None = None,
+    on_call_end: Callable[[Call], None] | None = None,
     record: bool = True,
 ):
     """`async def on_browser_call(call: BrowserCall)`: one pipeline Call per page call, on the
@@ -41,12 +45,10 @@ def make_browser_handler(
 
     async def on_browser_call(call: BrowserCall) -> None:
         models = await get_models()
-        tools: dict[str, Any] = {}
-        new_toolbox = getattr(models, "new_toolbox", None)
-        if new_toolbox is not None:
-            toolbox = new_toolbox(call.call_id, None)
+        toolbox = models.new_toolbox(call.call_id, None)
+        if toolbox is not None:
             # Nobody to transfer a browser call to: the tool says so and the agent offers a message.
-            tools["toolbox"] = toolbox if toolbox is None else NoTransferLine(toolbox)
+            toolbox = NoTransferLine(toolbox)
 
         def turn_done(entry: dict) -> None:
             call.publish_turn(entry)
@@ -55,7 +57,7 @@ def make_browser_handler(
 
         pipeline_call = Call.from_models(
             config, models, call.source, call.output, call_id=call.call_id, greeting=greeting,
-            on_event=call.publish, on_turn=turn_done, **tools,
+            on_event=call.publish, on_turn=turn_done, toolbox=toolbox,
         )
         on_browser_call.calls.append(pipeline_call)
         del on_browser_call.calls[:-KEEP_CALLS]

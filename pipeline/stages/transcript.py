@@ -1,0 +1,119 @@
+"""Transcript stage: which transcript an ended caller turn gets, cheapest source first.
+
+    1. the preemptive generation's (stages/preempt.py): the same audio was transcribed
+       while the caller paused; the same greedy Whisper output, so it is reused;
+    2. the last pause's (TurnEnd.transcript, streaming STT beside the end-of-turn model):
+       made from exactly this turn's audio;
+    3. the live stream's (stages/live_stt.py): streamed while the caller spoke, only the
+       unconfirmed tail is left to transcribe;
+    4. batch STT on the whole utterance (a worker thread).
+
+The preemption and the live transcriber are claimed for the turn when its end is decided
+(`claim`, in the call's input task), before the next turn's audio can reach them; the
+turn runner asks for the text later (`transcribe`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from llm.types import SamplingParams
+from pipeline.config import Config
+from pipeline.events import CallEvent, TurnEnd
+from pipeline.ports import LLMBackend, SpeechToText
+from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
+from pipeline.stages.preempt import Preemptor, TurnPreemption
+from pipeline.stages.turn_taking import TurnTaker
+from voice.streaming_stt import StreamingTranscriber
+from voice.stt import WhisperSTT
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Transcript", "TranscriptSources"]
+
+
+@dataclass
+class Transcript:
+    """One caller turn's text and what the sources did for it (for the report)."""
+
+    text: str | None  # None: STT failed (see error)
+    error: str | None = None
+    preemption: TurnPreemption | None = None
+    live: TurnTranscript | None = None
+
+    @property
+    def stt_stream(self) -> dict | None:
+        """The streaming STT's record of the turn, None when it did not run."""
+        return None if self.live is None else self.live.report
+
+
+class TranscriptSources:
+    """The call's transcript sources (see the module docstring)."""
+
+    def __init__(self, stt: SpeechToText, executor: Executor, preemptor: Preemptor | None = None,
+                 live: LiveTranscript | None = None):
+        self.stt, self.executor, self.preemptor, self.live = stt, executor, preemptor, live
+        self._claims: dict[int, tuple[TurnPreemption | None, TurnTranscript | None]] = {}  # id(TurnEnd) ->
+
+    @classmethod
+    def for_call(cls, config: Config, stt: SpeechToText, backend: LLMBackend, params: SamplingParams,
+                 messages: Callable[[str], list[dict]], turns: TurnTaker, executor: Executor,
+                 emit: Callable[[CallEvent], None], *, answering: Callable[[], bool],
+                 new_transcriber: Callable[[], StreamingTranscriber] | None = None) -> "TranscriptSources":
+        """A call's sources as its config asks. Preemption (turn.preemptive) only with an
+        end-of-turn model: silence endpointing ends the turn at every pause, there is
+        nothing to wait on. Streaming STT (stt.streaming): its passes wait while the agent
+        is `answering` (the LLM needs the cores then)."""
+        preemptor = live = None
+        if config.turn.preemptive and turns.model is not None:
+            turns.announce_pauses = True
+            preemptor = Preemptor(stt, backend, params, messages, executor=executor, emit=emit)
+        if config.stt.streaming:
+            if new_transcriber is None:
+                if not isinstance(stt, WhisperSTT):  # the streaming passes need its word timestamps
+                    raise ValueError("stt.streaming needs the faster-whisper STT (voice.stt.WhisperSTT); "
+                                     "set stt.streaming = false or pass new_transcriber")
+                whisper, interval_s = stt, config.stt.stream_interval_ms / 1000
+                new_transcriber = lambda: StreamingTranscriber(whisper, interval_s=interval_s)  # noqa: E731
+            live = LiveTranscript(new_transcriber, executor=executor, emit=emit, paused=answering)
+            if turns.model is not None:
+                # Each pause is transcribed beside Smart Turn: a "complete" ending on a dangling
+                # word waits, and a turn ending there already has its transcript.
+                turns.transcribe_pause = live.transcribe_pause
+        return cls(stt, executor, preemptor, live)
+
+    def claim(self, end: TurnEnd) -> None:
+        preemption = self.preemptor.claim(end) if self.preemptor is not None else None
+        live = self.live.claim(end) if self.live is not None else None
+        self._claims[id(end)] = (preemption, live)
+
+    async def transcribe(self, end: TurnEnd) -> Transcript:
+        preemption, live = self._claims.pop(id(end), (None, None))
+        out = Transcript(None, preemption=preemption, live=live)
+        text = await self.preemptor.transcript(preemption) if self.preemptor is not None else None
+        pause_text = await asyncio.shield(end.transcript) if end.transcript is not None else None
+        text = text if text is not None else pause_text
+        if live is not None:
+            if text is not None:
+                used = pause_text is not None and text.strip() == pause_text.strip()
+                live.drop("transcribed at the last pause" if used else "preemptive transcript", used=used)
+            else:
+                try:
+                    text = await live.finish()
+                except Exception:
+                    log.exception("streaming STT failed; transcribing the whole utterance")
+                    live.report = {"used": False, "why": "finish failed"}
+        if text is None:
+            try:
+                loop = asyncio.get_running_loop()
+                text = await loop.run_in_executor(self.executor, self.stt.transcribe, end.utterance.audio)
+            except Exception as exc:
+                log.exception("STT failed")
+                out.error = f"stt: {type(exc).__name__}: {exc}"
+                return out
+        out.text = text or ""
+        return out
