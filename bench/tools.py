@@ -309,60 +309,40 @@ def _malformed(call: dict) -> bool:
 
 @dataclass
 class Setup:
-    """What every dialogue's call shares: the prompt, the sampling, the history budget."""
+    """What every dialogue's call shares: the call's settings ([agent], [pipeline], [tools]
+    as a call has them), the sampling, the token counter, the fact guard."""
 
-    system_prompt: str
-    params: Any  # llm.types.SamplingParams
+    config: Any  # pipeline.config.Config
     labels: list[str]  # the business's open slots: each dialogue's database is seeded with them
-    greeting: str = ""
-    history_tokens: int = 1536
+    params: Any = None  # llm.types.SamplingParams; None: the config's
     count_tokens: Callable[[list[dict]], int] | None = None
-    first_clause: bool = False
-    first_clause_min_words: int = 6
-    hold_line: str = ""  # [tools] hold_line: said when a tool call begins before any words
-    plan: bool = False  # [tools] plan: each turn a constrained plan, acted on (pipeline/receptionist/plan.py)
     guard: Any = None  # pipeline.receptionist.guard.FactGuard ([agent] guard), or None
+    prompt: str | None = None  # None: the config's system prompt
 
 
 async def play(d: Dialogue, backend, store, setup: Setup, on_turn: Callable[[dict], None] = lambda t: None) -> dict:
-    """Play dialogue `d`: each caller line is one turn through `respond` with a ToolBox over
-    `store` (seeded already). The call ends early when a tool asks it to (transfer, end
-    call). Returns the turns and the final database state, as JSON."""
+    """Play dialogue `d` through the call's turn loop (pipeline.conversation, what `specvoice
+    chat` runs: the plan, the tool rounds, the fact guard, the history as heard) with a
+    ToolBox over `store` (seeded already). The call ends early when a tool asks it to
+    (transfer, end call). Returns the turns and the final database state, as JSON."""
     from pipeline.agent import chars_token_count
-    from pipeline.receptionist.guard import claimed_actions, turn_guard
-    from pipeline.sentences import SentenceSplitter
-    from pipeline.stages.respond import respond
-    from pipeline.timeline import TurnTimeline
+    from pipeline.conversation import TextConversation
+    from pipeline.receptionist.guard import claimed_actions
     from pipeline.receptionist.tools import ToolBox
-    from pipeline.turn import BargeIn, History, LLMResult
 
-    history = History(setup.system_prompt, setup.history_tokens, setup.count_tokens or chars_token_count)
-    if setup.greeting:
-        history.add_agent(setup.greeting)  # as a call that greets: the model sees it said it
     box = ToolBox(store, f"bench-{d.id}")
+    conv = TextConversation(setup.config, backend, setup.count_tokens or chars_token_count, toolbox=box,
+                            guard=setup.guard, greeting=setup.config.agent.greeting, prompt=setup.prompt,
+                            params=setup.params)
     turns = []
     for n, line in enumerate(d.lines):
         for other in d.meanwhile:  # another caller books a slot between this caller's lines
             if other["before_line"] == n:
                 ToolBox(store, "another-caller").run("book_slot", {"slot": other["slot"], "name": other["name"]})
-        messages = history.messages(line)
-        sentences: asyncio.Queue = asyncio.Queue()
-        tl, result = TurnTimeline(index=n), LLMResult()
-        marks: list[tuple[str, float]] = []
-
-        def emit(kind: str, **data) -> None:
-            if kind in ("sentence", "tool_result", "hold_line"):
-                marks.append((kind, time.monotonic()))
-
-        # The call's turn loop: the plan ([tools] plan) and the fact guard ([agent] guard) as a call has them.
-        await respond(backend, messages, setup.params,
-                      SentenceSplitter(setup.first_clause, setup.first_clause_min_words),
-                      sentences, tl, BargeIn(), result, emit, box, setup.hold_line,
-                      turn_guard(setup.guard, line, result, box, [u for u, _ in history.exchanges if u]),
-                      setup.plan, line)
-        spoken = " ".join(result.sentences)
+        text_turn = await conv.turn(line)
+        result, tl, spoken = text_turn.result, text_turn.timeline, text_turn.agent
+        marks = [(kind, at) for kind, at, _ in text_turn.events if kind in ("sentence", "tool_result", "hold_line")]
         done = {c["name"] for c in result.tool_calls if c["ok"]}
-        history.add(line, spoken, result.tool_messages)  # what the caller heard, as a call keeps it
         m = tl.metrics()
         start = tl.get("llm_request")
         last_tool = max((t for k, t in marks if k == "tool_result"), default=None)
@@ -599,10 +579,8 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
     t = time.perf_counter()
     engine.warm_prefix(prefix)
     prefill = {"tokens": len(prefix), "seconds": time.perf_counter() - t}
-    setup = Setup(prompt, params, labels, greeting=config.agent.greeting, history_tokens=config.agent.history_tokens,
-                  count_tokens=engine.count_tokens, first_clause=config.pipeline.first_clause,
-                  first_clause_min_words=config.pipeline.first_clause_min_words, hold_line=config.tools.hold_line,
-                  plan=config.tools.plan, guard=FactGuard(config.business) if config.agent.guard else None)
+    setup = Setup(config, labels, params, count_tokens=engine.count_tokens,
+                  guard=FactGuard(config.business) if config.agent.guard else None)
 
     rows = []
     bar = tqdm(total=sum(len(d.lines) for d in dialogues), desc="bench tools", unit="turn", file=sys.stderr)

@@ -33,6 +33,7 @@ class SpeculativeBackend:
         # OpenAI "tools" entries rendered into every prompt by the chat template (the same
         # list every turn, so the system block, and its cached K/V, stay the same).
         self.tools = tools
+        self.last_tool_parse = None  # calls are written as text here: the respond stage parses them
 
     @property
     def last_stats(self) -> GenerationStats | None:

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 import asyncio
 import threading
 from collections.abc import AsyncIterator
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from llm.tool_calls import ToolCallParse
 
 FinishReason = Literal["eos", "length", "stop", "cancelled", "error"]
 
@@ -159,7 +162,14 @@ class LLMBackend(Protocol):
     finish_reason is "cancelled". `last_stats` is the stats of the generation in progress
     (updated as it runs), else of the last one; None before the first. `aclose` frees
     what the backend holds (a conversation's KV cache, an HTTP client).
+
+    Tools: `tools` is the OpenAI tool schemas the backend puts in every prompt (None: no
+    tools); `last_tool_parse` the calls a server parsed itself in the last answer (OpenAI
+    `tool_calls`, llm/openai_backend.py), None where calls are written as text.
     """
+
+    tools: list[dict] | None
+    last_tool_parse: ToolCallParse | None
 
     def stream(
         self, messages: list[dict], params: SamplingParams, cancel: asyncio.Event | threading.Event | None = None

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentModels", "ModelSet", "chars_token_count", "endpoint_config", "load_engine", "sampling_params",
+__all__ = ["AgentModels", "ModelSet", "call_ports", "chars_token_count", "endpoint_config", "load_engine", "sampling_params",
            "voice_executor"]
 
 _voice_pool: ThreadPoolExecutor | None = None
@@ -155,6 +155,21 @@ def load_stt(config: Config, threads: int):
                       language=config.stt.language, cpu_threads=threads,
                       initial_prompt=prompt.initial_prompt, hotwords=prompt.hotwords,
                       workers=config.stt.workers, window=config.stt.window)
+
+
+def call_ports(models: ModelSet, config: Config, call_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """One call's ports from loaded models, with `overrides` (a test's, a transport's) in
+    place of any of them: the keyword arguments of pipeline.call.Call."""
+    ports: dict[str, Any] = {"stt": models.stt, "tts": models.tts, "count_tokens": models.count_tokens}
+    if "backend" not in overrides:
+        ports["backend"] = models.new_backend(config)
+    if "endpointer" not in overrides:
+        ports["endpointer"] = models.new_endpointer()
+    if "turns" not in overrides:
+        ports["turns"] = models.new_turn_taker(overrides.get("executor"))
+    if "toolbox" not in overrides:
+        ports["toolbox"] = models.new_toolbox(call_id)
+    return {**ports, **overrides}
 
 
 @dataclass

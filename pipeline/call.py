@@ -4,27 +4,10 @@
     call = Call.from_models(config, models, source, sink)     # the same, from loaded AgentModels
     report = await call.run()                                 # until the caller is gone; report written
 
-Data flow of one caller frame, in the order the code runs:
-
-    source (AudioSource) -> stages.listen (endpointer, turn-taker) -> TurnEnd -> utterance queue
-    -> turn runner: stages.transcript (preemptive / pause / live stream / batch STT) -> history
-    -> stages.respond (LLM groups -> sentences) -> the Reply's sentence queue
-    -> stages.speak (TTS -> sink.play, a mark per sentence) -> sink (AudioSink)
-    -> turn recorded: history (as heard), report entry (pipeline/report.py), TurnRecorded event
-
-One asyncio loop; Whisper, the LLM and Piper run in worker threads. The call's own jobs:
-the input task (a TurnEnd to the turn runner, a barge-in to the turn in progress), the turn
-runner (one turn at a time; a turn's state has one owner), recording, the lifecycle. All it
-tells the world is a typed event (pipeline/events.py) on one stream, `Call.events`: MQTT
-(CallTelemetry), `on_event` and `on_turn` subscribe to it.
-
-Barge-in (config.pipeline.barge_in) is one event, `Turn.barge_in`: the speaker clears the
-sink and plays nothing more, the LLM stops between passes, and history keeps only the
-sentences whose audio fully played (a partly heard one is left out: the model repeating
-something beats it believing it said something never heard). Without it, speech during the
-answer is queued. Preemptive generation: stages/preempt.py. Keys (KeyPress, a phone's DTMF)
-are gathered into one "[keypad] 1" entry (stages.listen.Keypad) answered as a turn without
-STT, after the agent's answer: keys do not barge in.
+The input task hands each TurnEnd to the turn runner and a barge-in to the turn in
+progress; the turn runner runs one turn at a time (stages.transcript -> stages.respond and
+stages.speak side by side -> the turn recorded); all the call tells the world is a typed
+event on `Call.events` (pipeline/events.py). The README walks one caller frame through it.
 """
 
 from __future__ import annotations
@@ -39,7 +22,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.agent import ModelSet, chars_token_count, sampling_params, turn_taker, voice_executor
+from pipeline.agent import ModelSet, call_ports, chars_token_count, sampling_params, turn_taker, voice_executor
 from pipeline.config import Config
 from pipeline.events import (BargedIn, CallAction, CallEvents, EndOfTurn, KeypadEntry, KeypadTurn, KeyPress,
                              KeyPressed, SpeechStart, TranscriptReady, TurnEnd, TurnPending, TurnRecorded,
@@ -48,10 +31,9 @@ from pipeline.mqtt import CallTelemetry, MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech, ToolRunner
 from pipeline.receptionist.guard import FactGuard, turn_guard
 from pipeline.receptionist.prompt import system_prompt
-from pipeline.report import CallReport, write_report
+from pipeline.report import CallReport, finish_report
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.listen import Keypad, listen
-from pipeline.stages.preempt import PreemptedBackend
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
 from pipeline.stages.transcript import Transcript, TranscriptSources
@@ -69,6 +51,13 @@ __all__ = ["Call", "History", "ModelSet", "Turn", "new_call_id", "voice_executor
 class Call:
     """A conversation between one caller (an AudioSource) and the agent (to an AudioSink)."""
 
+    report: CallReport | None = None  # from run() on
+    report_path: Path | None = None  # where run() wrote it
+    ended_by: tuple[str, str | None] | None = None  # a tool ended the call: (action, why)
+    _telemetry: CallTelemetry | None = None  # MQTT, when configured
+    _responding: Turn | None = None  # the turn the agent is answering in (barge-in target)
+    _turn_task: asyncio.Task | None = None
+
     def __init__(
         self, config: Config, source: AudioSource, sink: AudioSink, *, stt: SpeechToText, tts: TextToSpeech,
         backend: LLMBackend, endpointer: Endpointer, turns: TurnTaker | None = None,
@@ -80,64 +69,47 @@ class Call:
     ):
         self.config, self.source, self.sink, self.greeting = config, source, sink, greeting
         self.stt, self.tts, self.backend, self.endpointer = stt, tts, backend, endpointer
+        self.toolbox = toolbox  # the model may call tools (pipeline.receptionist.tools.ToolBox)
         self.call_id = call_id or new_call_id()
         self.history = History(system_prompt(config), config.agent.history_tokens, count_tokens)
         self.params = sampling_params(config)
         self.mqtt = MqttPublisher.from_config(config.mqtt) if mqtt == "config" else mqtt
         self.report_dir = Path(report_dir if report_dir is not None else config.report.dir)
         self.executor = executor or voice_executor()
-        self.toolbox = toolbox  # the model may call tools (pipeline.receptionist.tools.ToolBox)
         # The fact guard ([agent] guard): each model sentence checked before TTS (receptionist/guard.py).
         self.guard = FactGuard(config.business) if config.agent.guard else None
         # Silence endpointing unless a turn-taker with an end-of-turn model is given.
         self.turn_taker = turns if turns is not None else turn_taker(config, None, self.executor)
         self.events = CallEvents()  # everything the call tells the world (pipeline/events.py)
-        for observer in ([turn_callback(on_turn)] if on_turn else []) + ([event_callback(on_event)] if on_event else []):
+        for observer in [turn_callback(f) for f in [on_turn] if f] + [event_callback(f) for f in [on_event] if f]:
             self.events.subscribe(observer)
-        self.report: CallReport | None = None
-        self.report_path: Path | None = None
-        self._telemetry: CallTelemetry | None = None
         self.turns: list[Turn] = []
         self.skipped_utterances, self.barge_ins, self.llm_calls = 0, 0, 0  # skipped: STT heard nothing
         self.errors: list[str] = []
-        # A tool ended the call ("transfer" / "end_call", and why): set after that turn was spoken.
-        self.ended_by: tuple[str, str | None] | None = None
         self._utterances: asyncio.Queue[TurnEnd | KeypadEntry | None] = asyncio.Queue()
         self._keypad = Keypad(self._utterances.put_nowait, config.pipeline.keypad_timeout_ms / 1000)
-        self._responding: Turn | None = None  # the turn the agent is answering in (barge-in target)
-        self._turn_task: asyncio.Task | None = None
         self._turn_done = asyncio.Event()
         self._mark_names = (f"s{i}" for i in itertools.count(1))
         # Preemptive answers while the caller pauses, streaming STT while they speak (config).
         self.transcripts = TranscriptSources.for_call(
             config, stt, backend, self.params, self.history.messages, self.turn_taker, self.executor,
             self.events.emit, answering=lambda: self._responding is not None, new_transcriber=new_transcriber)
-        self.preemptor, self.live = self.transcripts.preemptor, self.transcripts.live
 
     @classmethod
     def from_models(cls, config: Config, models: ModelSet, source: AudioSource, sink: AudioSink, *,
                     greeting: bool | str = False, **overrides: Any) -> "Call":
         """A call whose stages come from loaded models; `overrides` swap any of them
         (stt=, tts=, backend=, endpointer=, count_tokens=) or set Call's options."""
-        ports: dict[str, Any] = {"stt": models.stt, "tts": models.tts, "count_tokens": models.count_tokens}
-        if "backend" not in overrides:
-            ports["backend"] = models.new_backend(config)
-        if "endpointer" not in overrides:
-            ports["endpointer"] = models.new_endpointer()
-        if "turns" not in overrides:
-            ports["turns"] = models.new_turn_taker(overrides.get("executor"))
         call_id = overrides.pop("call_id", None) or new_call_id()
-        if "toolbox" not in overrides:
-            ports["toolbox"] = models.new_toolbox(call_id)
         text = config.agent.greeting if greeting is True else (greeting or "")
-        return cls(config, source, sink, greeting=text, call_id=call_id, **{**ports, **overrides})
+        return cls(config, source, sink, greeting=text, call_id=call_id, **call_ports(models, config, call_id, overrides))
 
     @property
     def idle(self) -> bool:
         """No turn running or waiting, and the caller is not mid-utterance."""
         return (self._turn_task is None and self._utterances.empty() and not self.endpointer.in_speech
                 and not self.turn_taker.pending and not self._keypad.pending
-                and (self.preemptor is None or not self.preemptor.busy))
+                and not self.transcripts.busy)
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
@@ -178,10 +150,7 @@ class Call:
                 if task is not None and not task.done():
                     task.cancel()
             await _settle(*tasks)
-            if self.preemptor is not None:
-                await self.preemptor.close()  # a hang-up mid-preemption: stopped before the backend closes
-            if self.live is not None:
-                await self.live.close()
+            await self.transcripts.close()  # a hang-up mid-preemption: stopped before the backend closes
             await self._close(end_reason, error if error is not None or not self.errors else "; ".join(self.errors))
         return self.report
 
@@ -205,12 +174,7 @@ class Call:
 
     async def _close(self, end_reason: str, error: Any) -> None:
         assert self.report is not None
-        self.report.finish(end_reason, error)
-        try:
-            self.report_path = write_report(self.report, self.report_dir)
-            log.info("call %s: report written to %s", self.call_id, self.report_path)
-        except Exception:
-            log.exception("call %s: cannot write the report", self.call_id)
+        self.report_path = finish_report(self.report, end_reason, error, self.report_dir)
         if self._telemetry is not None:
             await self._telemetry.close(self.report.end_reason, self.report.error, self.report.to_dict()["summary"])
         for closing in (self.sink.aclose, self.backend.aclose):
@@ -225,7 +189,7 @@ class Call:
 
     async def _input(self) -> None:
         try:
-            async for event in listen(self.source, self.endpointer, self.turn_taker, self.live):
+            async for event in listen(self.source, self.endpointer, self.turn_taker, self.transcripts.live):
                 if isinstance(event, SpeechStarted):
                     self._caller_spoke(event)
                 elif isinstance(event, TurnEnd):
@@ -237,8 +201,8 @@ class Call:
                 elif isinstance(event, TurnPending):
                     # Start only while no turn runs or waits: its answer would change the
                     # history (and use the conversation) under the preemptive generation.
-                    if self.preemptor is not None and self._turn_task is None and self._utterances.empty():
-                        self.preemptor.start(event)
+                    if self._turn_task is None and self._utterances.empty():
+                        self.transcripts.paused(event)
                 elif isinstance(event, KeyPress):
                     self.events.emit(KeyPressed(event.digit))
                     self._keypad.press(event)  # an entry reaches the queue when complete
@@ -249,8 +213,7 @@ class Call:
 
     def _caller_spoke(self, event: SpeechStarted) -> None:
         self.events.emit(SpeechStart(event.declared_t))
-        if self.preemptor is not None:
-            self.preemptor.discard("caller_resumed")  # the turn goes on: other audio
+        self.transcripts.resumed()
         turn = self._responding
         if turn is not None and self.config.pipeline.barge_in and not turn.barge_in.fired:
             turn.barge_in.fire(event.declared_t)
@@ -263,10 +226,8 @@ class Call:
         if self.greeting:
             await self._one_at_a_time(self._greet(self.greeting))
         while (utterance := await self._utterances.get()) is not None:
-            if isinstance(utterance, KeypadEntry):
-                await self._one_at_a_time(self._keypad_turn(utterance))
-            else:
-                await self._one_at_a_time(self._turn(utterance))
+            keys = isinstance(utterance, KeypadEntry)
+            await self._one_at_a_time(self._keypad_turn(utterance) if keys else self._turn(utterance))
             if self.ended_by is not None:
                 return  # a tool transferred or ended the call, after its turn was spoken
 
@@ -306,58 +267,49 @@ class Call:
             return self._record(turn, heard)
         turn.timeline.mark("transcript")
         if not (text := heard.text.strip()):
-            self.skipped_utterances += 1  # silence or noise Whisper could not read: no turn, no LLM call
+            self.skipped_utterances += 1  # silence or noise STT could not read: no turn, no LLM call
             return self.events.emit(UtteranceSkipped(len(u.audio) / 16000, heard.stt_stream))
         turn.user_text = text
         self.events.emit(TranscriptReady(turn.index, text))
-        self._responding = turn
         try:
-            messages = await asyncio.get_running_loop().run_in_executor(self.executor, self.history.messages, text)
-            # Kept only if it was started on exactly these messages; else it is stopped here.
-            backend = await self.preemptor.adopt(heard.preemption, text, messages) if self.preemptor else None
-            await self._answer(turn, messages, backend)
+            await self._answer(turn, heard)
         finally:
-            self._responding = None
             self._record(turn, heard)
 
     async def _keypad_turn(self, entry: KeypadEntry) -> None:
         """Keys the caller pressed, answered like words: no STT, the rest is a normal turn."""
-        turn = Turn(index=len(self.turns), timeline=TurnTimeline.of_keypad(len(self.turns), entry),
-                    user_text=entry.text)
+        index = len(self.turns)
+        turn = Turn(index=index, timeline=TurnTimeline.of_keypad(index, entry), user_text=entry.text)
         self.events.emit(KeypadTurn(turn.index, entry.text, entry.ended_by))
-        self._responding = turn
         try:
             await self._answer(turn)
         finally:
-            self._responding = None
             self._record(turn, keypad=entry)
 
-    async def _answer(self, turn: Turn, messages: list[dict] | None = None, backend: LLMBackend | None = None) -> None:
+    async def _answer(self, turn: Turn, heard: Transcript | None = None) -> None:
         """The LLM stage and the speaker stage, side by side, joined by the reply's sentence
-        queue. `backend`: the call's, or a PreemptedBackend reading a kept preemptive generation."""
-        if messages is None:
+        queue; from a kept preemptive generation if `heard` has one started on exactly these messages."""
+        self._responding = turn  # a barge-in's target from here on
+        try:
             messages = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.history.messages, turn.user_text)
-        if self.preemptor is not None:
-            # One generation at a time on the conversation: a preemption this turn did not
-            # keep (a keypad turn came first, say) is stopped and waited for.
-            kept = backend.preemption if isinstance(backend, PreemptedBackend) else None
-            self.preemptor.make_way(kept)
-            await self.preemptor.settle(kept)
-        reply = self._reply(turn)
-        self.llm_calls += 1
-        # Each stage fills its own part of the turn as it goes, so a hang-up mid-answer
-        # still leaves what was said and heard for the report.
-        speaker = asyncio.create_task(speak(self.tts, self.sink, reply, self._mark_names, self.executor),
-                                      name=f"{self.call_id}-speak-{turn.index}")
-        try:
-            await respond(backend or self.backend, messages, reply)
-            await speaker
+            backend = await self.transcripts.adopt(heard, turn.user_text, messages) if heard else None
+            await self.transcripts.make_way(backend)  # no other generation on the conversation
+            reply = self._reply(turn)
+            self.llm_calls += 1
+            # Each stage fills its own part of the turn as it goes: a hang-up mid-answer still
+            # leaves what was said and heard for the report.
+            speaker = asyncio.create_task(speak(self.tts, self.sink, reply, self._mark_names, self.executor),
+                                          name=f"{self.call_id}-speak-{turn.index}")
+            try:
+                await respond(backend or self.backend, messages, reply)
+                await speaker
+            finally:
+                speaker.cancel()  # no-op once it is done
+                await _settle(speaker)
+            turn.error = turn.llm.error or turn.speech.error
         finally:
-            if not speaker.done():
-                speaker.cancel()
-            await _settle(speaker)
-        turn.error = turn.llm.error or turn.speech.error
+            self._responding = None
 
     def _reply(self, turn: Turn) -> Reply:
         cfg, tools = self.config.pipeline, self.config.tools

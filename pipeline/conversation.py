@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from llm.types import SamplingParams
 from pipeline.agent import sampling_params
 from pipeline.receptionist.prompt import system_prompt
 from pipeline.config import Config
@@ -74,12 +75,12 @@ class TextConversation:
 
     def __init__(self, config: Config, backend: LLMBackend, count_tokens: Callable[[list[dict]], int], *,
                  toolbox: ToolRunner | None = None, guard: FactGuard | None = None, greeting: str = "",
-                 prompt: str | None = None):
+                 prompt: str | None = None, params: SamplingParams | None = None):
         self.config = config
         self.backend = backend
         self.toolbox = toolbox
         self.guard = guard
-        self.params = sampling_params(config)
+        self.params = sampling_params(config) if params is None else params
         self.history = History(system_prompt(config) if prompt is None else prompt, config.agent.history_tokens,
                                count_tokens)
         if greeting:

@@ -72,3 +72,5 @@ class ToolRunner(Protocol):
     """The call's tools (pipeline.receptionist.tools.ToolBox): run one call, never raise."""
 
     def run(self, name: str, arguments: str | dict) -> Any: ...  # -> ToolOutcome
+
+    def open_slots(self) -> list[str] | None: ...  # the slots free now (the fact guard's check); None: no store

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -54,12 +55,15 @@ from pipeline.events import KeypadEntry
 from pipeline.timeline import METRICS, TurnTimeline, compute_metrics
 from pipeline.turn import Turn
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "SCHEMA",
     "END_REASONS",
     "CallReport",
     "HEADLINE_METRICS",
     "ReportError",
+    "finish_report",
     "load_report",
     "percentile",
     "report_filename",
@@ -337,6 +341,20 @@ def report_filename(call_id: str) -> str:
         digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         safe = f"{safe or 'call'}-{digest}"
     return f"{safe}.json"
+
+
+def finish_report(report: CallReport, end_reason: str, error: str | BaseException | None,
+                  directory: str | os.PathLike[str]) -> Path | None:
+    """Close the call's report and write it; None (logged) when it cannot be written: the
+    call still ends cleanly."""
+    report.finish(end_reason, error)
+    try:
+        path = write_report(report, directory)
+    except Exception:
+        log.exception("call %s: cannot write the report", report.call_id)
+        return None
+    log.info("call %s: report written to %s", report.call_id, path)
+    return path
 
 
 def write_report(report: CallReport | dict[str, Any], directory: str | os.PathLike[str]) -> Path:

@@ -131,6 +131,8 @@ class ScriptedBackend:
         self.opened = 0
         self.closed = 0
         self.last_stats = None  # a script has no passes to count
+        self.tools = None  # no tool schemas in its prompts
+        self.last_tool_parse = None  # calls, if any, are written as text
         self.state: ConversationState | None = ConversationState()  # stands for a conversation's KV cache
 
     async def aclose(self) -> None:

@@ -30,6 +30,13 @@ from pipeline.config import load_config
 pytestmark = pytest.mark.timeout(120)
 
 LABELS = list(load_config("default").business.open_slots)
+# A call that greets, the model writing its tool calls (no plan), no hold line, as the scripts expect.
+_test = load_config("test")
+SCRIPTED = _test.model_copy(update={
+    "agent": _test.agent.model_copy(update={"greeting": "Hello."}),
+    "tools": _test.tools.model_copy(update={"enabled": True, "plan": False, "hold_line": ""}),
+    "pipeline": _test.pipeline.model_copy(update={"first_clause": False}),
+})
 T, W, F = LABELS
 
 
@@ -59,7 +66,7 @@ async def played(d: Dialogue, tmp_path, *turns: list[str]) -> tuple[dict, dict]:
     store = seeded_store(tmp_path / f"{d.id}-{len(list(tmp_path.glob('*.sqlite')))}.sqlite", d, LABELS)
     try:
         run = await play(d, ScriptedBackend(reply=script(*turns)), store,
-                         Setup("You are the receptionist.", SamplingParams(), LABELS, greeting="Hello."))
+                         Setup(SCRIPTED, LABELS, SamplingParams(), prompt="You are the receptionist."))
     finally:
         store.close()
     return run, score(d, run, LABELS)

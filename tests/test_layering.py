@@ -123,3 +123,110 @@ def test_the_web_transport_imports_no_stage():
             hits += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("pipeline.stages")]
     assert hits == []
     assert (web / "browser.py").is_file()  # the check looks where the code is
+
+
+# ------------------------------------------------------------ the call's package (issue 25)
+
+PIPELINE = ROOT / "pipeline"
+# The core: what the call, its stages and its transports all stand on. It knows no stage.
+CORE = ("events", "ports", "turn", "timeline", "sentences", "report", "mqtt", "playout", "io", "config",
+        "receptionist")
+CALL_MAX_LINES, METHOD_MAX_LINES = 350, 40
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The pipeline modules a file imports when it runs (at any depth: a deferred import in
+    a function counts), leaving out what only a type checker reads (`if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from pipeline.x import y` names module pipeline.x.y when y is a module.
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return {name for name in found if name.split(".")[0] == "pipeline"}
+
+
+def _pipeline_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in sorted(PIPELINE.rglob("*.py"))}
+    return {name: {m for m in _runtime_imports(path) if m in files and m != name} for name, path in files.items()}
+
+
+def _under(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle, each once (from its first module in sorted order)."""
+    found, seen = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == path[0]:
+                key = frozenset(path)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(path + [nxt])
+            elif nxt not in path and nxt > path[0]:
+                walk(nxt, path + [nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return found
+
+
+def _breaks(graph: dict[str, set[str]], importers: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{m} imports {sorted(i for i in deps if _under(i, *forbidden))}" for m, deps in sorted(graph.items())
+            if _under(m, *importers) and any(_under(i, *forbidden) for i in deps)]
+
+
+def test_stages_never_import_the_call_nor_a_transport():
+    graph = _pipeline_graph()
+    assert _breaks(graph, ("pipeline.stages",), ("pipeline.call", "pipeline.conversation",
+                                                  "pipeline.transports")) == []
+
+
+def test_transports_never_import_a_stage():
+    assert _breaks(_pipeline_graph(), ("pipeline.transports",), ("pipeline.stages",)) == []
+
+
+def test_the_core_never_imports_a_stage_nor_the_call():
+    core = tuple(f"pipeline.{m}" for m in CORE)
+    assert _breaks(_pipeline_graph(), core, ("pipeline.stages", "pipeline.call", "pipeline.agent",
+                                             "pipeline.conversation", "pipeline.transports")) == []
+
+
+def test_no_import_cycle_inside_pipeline():
+    assert _cycles(_pipeline_graph()) == []
+
+
+def test_the_layering_checks_see_a_break():
+    """The rules above can fail: a stage importing the call, a cycle, are caught."""
+    graph = {"pipeline.stages.speak": {"pipeline.call"}, "pipeline.call": {"pipeline.stages.speak"},
+             "pipeline.turn": {"pipeline.stages.speak"}}
+    assert _breaks(graph, ("pipeline.stages",), ("pipeline.call",)) == ["pipeline.stages.speak imports ['pipeline.call']"]
+    assert _breaks(graph, ("pipeline.turn",), ("pipeline.stages",))
+    assert _cycles(graph) == [["pipeline.call", "pipeline.stages.speak", "pipeline.call"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_call_fits_on_a_screen():
+    """pipeline/call.py stays small, and so does each of its functions: the call connects
+    stages; what grows belongs in a stage, the report or the events."""
+    path = PIPELINE / "call.py"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= CALL_MAX_LINES, f"pipeline/call.py has {len(lines)} lines (at most {CALL_MAX_LINES})"
+    long = [f"{n.name}: {n.end_lineno - n.lineno + 1} lines" for n in ast.walk(ast.parse("\n".join(lines)))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > METHOD_MAX_LINES]
+    assert long == []

@@ -308,6 +308,14 @@ class HeldAfterFirstSentence:
         self.held = False
 
     @property
+    def tools(self):
+        return self.inner.tools
+
+    @property
+    def last_tool_parse(self):
+        return self.inner.last_tool_parse
+
+    @property
     def last_stats(self):
         return self.inner.last_stats
 
@@ -427,6 +435,7 @@ class SpyBackend:
         self.calls = 0
         self.fail_after = fail_after
         self.last_stats = None
+        self.tools = self.last_tool_parse = None
 
     async def aclose(self) -> None:
         return None

@@ -122,6 +122,14 @@ class SpyBackend:
         self.changed = asyncio.Event()  # set at every group and every stream's end
 
     @property
+    def tools(self):
+        return self.inner.tools
+
+    @property
+    def last_tool_parse(self):
+        return self.inner.last_tool_parse
+
+    @property
     def last_stats(self):
         return self.inner.last_stats
 
@@ -390,7 +398,7 @@ async def test_noise_with_an_empty_transcript_starts_no_llm(tmp_path):
     call, _, _ = make_call(config(tmp_path), [silence(0.3), tone(0.6), silence(2.0)], backend, stt,
                            LengthModel(None), log)
     await asyncio.wait_for(call.run(), 60)
-    assert backend.opened == 0 and call.preemptor.llm_starts == 0
+    assert backend.opened == 0 and call.transcripts.preemptor.llm_starts == 0
     assert [e["why"] for e in events(log, "preemptive_discarded")] == ["empty_transcript"]
     assert call.skipped_utterances == 1 and call.turns == []
     assert stt.calls == 1  # the turn reused the pause's (empty) transcript
@@ -477,7 +485,7 @@ async def test_hang_up_during_a_preemptive_generation_ends_cleanly(tmp_path):
     assert report.end_reason == "caller_hangup" and call.report_path.exists()
     assert backend.opened == backend.closed == 1 and sink.played == 0 and call.turns == []
     assert [e["why"] for e in events(log, "preemptive_discarded")] == ["call_ended"]
-    assert not call.preemptor.busy
+    assert not call.transcripts.preemptor.busy
     await assert_released(before)
 
 
@@ -490,6 +498,9 @@ class StubTools:
     def __init__(self, log: list):
         self.log = log
         self.runs = 0
+
+    def open_slots(self):
+        return None  # no booking store behind this one
 
     def run(self, name, arguments):
         from pipeline.receptionist.tools import ToolOutcome
@@ -606,7 +617,7 @@ async def test_hang_up_while_a_kept_generation_is_being_spoken_ends_cleanly(tmp_
     assert backend.opened == backend.closed == 1 and backend.saw_cancel == []
     entry = load_report(call.report_path)["turns"][0]
     assert entry["preemptive_hit"] is True and entry["agent_text"].startswith("Let me see.")
-    assert not call.preemptor.busy
+    assert not call.transcripts.preemptor.busy
     await assert_released(before)
 
 

@@ -78,6 +78,9 @@ class Box:
         self.spoken_before: list[list[str]] = []
         self.started, self.release = threading.Event(), None
 
+    def open_slots(self):
+        return self.box.open_slots()
+
     def run(self, name, arguments):
         self.calls.append((name, arguments))
         if self.sentences is not None:

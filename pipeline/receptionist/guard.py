@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.ports import ToolRunner
 from pipeline.receptionist.business import DAYS, FALLBACK, BusinessConfig, _is_closed, day_hours
 
 __all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "claimed_actions", "normalize", "turn_guard"]
@@ -740,14 +741,13 @@ class TurnGuard:
         return say_now
 
 
-def turn_guard(guard: FactGuard | None, caller: str, result: Any, toolbox: Any = None,
+def turn_guard(guard: FactGuard | None, caller: str, result: Any, toolbox: ToolRunner | None = None,
                earlier: Sequence[str] = ()) -> TurnGuard | None:
     """The guard of one turn (None without a guard): the caller's words, the turn's tool
     results as they come (`result.tool_calls`, filled by the tool step), the database's
     open slots at each look (the tool box's store). `result.guarded` becomes its record."""
     if guard is None:
         return None
-    store = getattr(toolbox, "store", None)
-    turn = TurnGuard(guard, caller, result.tool_calls, store.open_slots if store is not None else None, earlier)
+    turn = TurnGuard(guard, caller, result.tool_calls, toolbox.open_slots if toolbox is not None else None, earlier)
     result.guarded = turn.guarded  # the same list: filled as the turn is spoken
     return turn

@@ -250,6 +250,10 @@ class ToolBox:
         self.call_id = call_id
         self.caller = caller
 
+    def open_slots(self) -> list[str]:
+        """The slots free now, as the booking store has them."""
+        return self.store.open_slots()
+
     def run(self, name: str, arguments: str | dict | None) -> ToolOutcome:
         """Run one tool call. Never raises: every failure is an outcome with ok=False and a
         sentence the model can act on."""

@@ -78,7 +78,7 @@ class AnswerStream:
                 tail, parse = filt.finish()
                 # Calls the server parsed itself (OpenAI `tool_calls`, llm/openai_backend.py)
                 # come from the backend; the filter's parse is for calls written as text.
-                parsed = getattr(self.backend, "last_tool_parse", None)
+                parsed = self.backend.last_tool_parse
                 if parsed is not None and parsed.found:
                     parse = parsed
                 if not self.barge_in.fired:

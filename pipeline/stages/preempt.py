@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from llm.tool_calls import ToolCallParse
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 from pipeline.ports import LLMBackend, SpeechToText
 from pipeline.events import (CallEvent, PreemptiveDiscarded, PreemptiveKept, PreemptiveStart, TurnEnd,
@@ -326,13 +327,15 @@ class PreemptedBackend:
         # generation's (the respond stage counts a round by its stats object changing).
         return self.backend.last_stats if self._handed else None
 
-    def __getattr__(self, name: str) -> Any:
-        # Anything else a stage reads of the backend after a stream (the OpenAI backend's
-        # `last_tool_parse`: calls the server parsed) is the call's backend's: nothing else
-        # ran on it since the kept generation (settled before the turn generates).
-        if name in ("backend", "preemption") or name.startswith("__"):
-            raise AttributeError(name)  # not set yet (a copy being built): no recursion
-        return getattr(self.backend, name)
+    # The tools, and the calls a server parsed after a stream, are the call's backend's:
+    # nothing else ran on it since the kept generation (settled before the turn generates).
+    @property
+    def tools(self) -> list[dict] | None:
+        return self.backend.tools
+
+    @property
+    def last_tool_parse(self) -> ToolCallParse | None:
+        return self.backend.last_tool_parse
 
     async def aclose(self) -> None:
         pass  # the call closes its own backend

@@ -26,7 +26,7 @@ from typing import Any
 
 from llm.tool_calls import ToolCall, ToolCallFilter, ToolCallParse
 from pipeline.events import ToolCallRejected, ToolCallStarted, ToolResult
-from pipeline.ports import ToolRunner
+from pipeline.ports import LLMBackend, ToolRunner
 from pipeline.receptionist.tools import TOOLS
 from pipeline.stages.answer import AnswerStream
 
@@ -78,12 +78,11 @@ async def tool_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
                 return
 
 
-def tool_names(backend: Any) -> frozenset[str]:
+def tool_names(backend: LLMBackend) -> frozenset[str]:
     """The names the model may write a call with: the tool box's tools and those in the
     backend's schemas. The filter holds a call written in prose with one of them
     ("take_message, {...}"), which the 1.5B writes now and then, instead of speaking it."""
-    schemas = getattr(backend, "tools", None)
-    schemas = schemas if isinstance(schemas, (list, tuple)) else ()
+    schemas = backend.tools or ()
     return frozenset(TOOLS) | {t["function"]["name"] for t in schemas
                                if isinstance(t, dict) and isinstance(t.get("function"), dict)
                                and isinstance(t["function"].get("name"), str)}

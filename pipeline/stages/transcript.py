@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from llm.types import SamplingParams
 from pipeline.config import Config
-from pipeline.events import CallEvent, TurnEnd
+from pipeline.events import CallEvent, TurnEnd, TurnPending
 from pipeline.ports import LLMBackend, SpeechToText
 from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
-from pipeline.stages.preempt import Preemptor, TurnPreemption
+from pipeline.stages.preempt import PreemptedBackend, Preemptor, TurnPreemption
 from pipeline.stages.turn_taking import TurnTaker
 from voice.streaming_stt import StreamingTranscriber
 from voice.stt import WhisperSTT
@@ -86,6 +86,21 @@ class TranscriptSources:
                 turns.transcribe_pause = live.transcribe_pause
         return cls(stt, executor, preemptor, live)
 
+    @property
+    def busy(self) -> bool:
+        """Preemptive work (a transcription, an answer) is running."""
+        return self.preemptor is not None and self.preemptor.busy
+
+    def paused(self, pending: TurnPending) -> None:
+        """The caller paused and the turn-taker waits: transcribe and start the answer now."""
+        if self.preemptor is not None:
+            self.preemptor.start(pending)
+
+    def resumed(self) -> None:
+        """The caller spoke again: the turn goes on with other audio."""
+        if self.preemptor is not None:
+            self.preemptor.discard("caller_resumed")
+
     def claim(self, end: TurnEnd) -> None:
         preemption = self.preemptor.claim(end) if self.preemptor is not None else None
         live = self.live.claim(end) if self.live is not None else None
@@ -117,3 +132,25 @@ class TranscriptSources:
                 return out
         out.text = text or ""
         return out
+
+    async def adopt(self, heard: Transcript, text: str, messages: list[dict]) -> LLMBackend | None:
+        """The backend the turn's answer reads: a kept preemptive generation (started on
+        exactly this text and these messages; any other is stopped here), or None."""
+        if self.preemptor is None:
+            return None
+        return await self.preemptor.adopt(heard.preemption, text, messages)
+
+    async def make_way(self, backend: LLMBackend | None) -> None:
+        """A turn is about to generate: one generation at a time on the conversation, so a
+        preemption it did not keep (a keypad turn came first, say) is stopped and waited for."""
+        if self.preemptor is not None:
+            kept = backend.preemption if isinstance(backend, PreemptedBackend) else None
+            self.preemptor.make_way(kept)
+            await self.preemptor.settle(kept)
+
+    async def close(self) -> None:
+        """The call is over: preemptive work and the live stream stopped and waited for."""
+        if self.preemptor is not None:
+            await self.preemptor.close()
+        if self.live is not None:
+            await self.live.close()

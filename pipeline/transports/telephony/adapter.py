@@ -115,6 +115,9 @@ class NoTransferLine:
     def __init__(self, toolbox: ToolRunner):
         self.toolbox = toolbox
 
+    def open_slots(self) -> list[str] | None:
+        return self.toolbox.open_slots()
+
     def run(self, name: str, arguments: str | dict) -> Any:
         outcome = self.toolbox.run(name, arguments)  # bad arguments are still reported as such
         if outcome.action != "transfer":

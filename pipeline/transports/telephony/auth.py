@@ -20,8 +20,11 @@ import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from pipeline.config import BridgeConfig
 
 TWILIO_TOKEN_ENV = "TWILIO_AUTH_TOKEN"
 BEARER_TOKEN_ENV = "SPECVOICE_BRIDGE_TOKEN"
@@ -81,16 +84,16 @@ def _read_token_file(path: str, what: str) -> str:
     return value
 
 
-def load_tokens(config, environ: Mapping[str, str] | None = None) -> BridgeTokens:
+def load_tokens(config: BridgeConfig, environ: Mapping[str, str] | None = None) -> BridgeTokens:
     """Tokens for a `BridgeConfig`: a file named in the config wins over the environment
     (it was asked for explicitly, so an unreadable one is an error, not a silent fallback)."""
     env = os.environ if environ is None else environ
     twilio = bearer = None
-    if getattr(config, "twilio_auth_token_file", None):
+    if config.twilio_auth_token_file:
         twilio = _read_token_file(config.twilio_auth_token_file, "bridge.twilio_auth_token_file")
     else:
         twilio = (env.get(TWILIO_TOKEN_ENV) or "").strip() or None
-    if getattr(config, "auth_token_file", None):
+    if config.auth_token_file:
         bearer = _read_token_file(config.auth_token_file, "bridge.auth_token_file")
     else:
         bearer = (env.get(BEARER_TOKEN_ENV) or "").strip() or None

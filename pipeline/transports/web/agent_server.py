@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.config import Config
+from pipeline.agent import ModelSet
+from pipeline.config import BridgeConfig, Config
 from pipeline.transports.telephony.auth import BridgeTokens
 from pipeline.transports.web.server import Bridge, Site
 
@@ -22,8 +23,8 @@ def agent_server(
     config: Config,
     tokens: BridgeTokens,
     *,
-    bridge_config: Any = None,
-    models: Any = None,
+    bridge_config: BridgeConfig | None = None,
+    models: ModelSet | None = None,
     insecure: bool = False,
     render_report: Callable[[dict, str | None], str] | None = None,
     greeting: bool | str = True,

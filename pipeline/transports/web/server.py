@@ -30,10 +30,10 @@ from typing import Awaitable, Callable
 
 import uvicorn
 
+from pipeline.config import BridgeConfig
 from pipeline.transports.telephony.auth import AuthConfigError, BridgeTokens
 from pipeline.transports.telephony.call import TelephonyCall
 from pipeline.transports.telephony.media_stream import OnCall, StreamSettings
-from pipeline.transports.telephony.protocol import DEFAULT_MAX_PAYLOAD_BYTES
 from pipeline.transports.web.access import Access
 from pipeline.transports.web.metrics import ServerMetrics
 from pipeline.transports.web.quiet_ws import QuietWebSocketProtocol
@@ -80,7 +80,7 @@ class Bridge:
 
     def __init__(
         self,
-        config,
+        config: BridgeConfig,
         on_call: OnCall,
         tokens: BridgeTokens | None = None,
         *,
@@ -101,13 +101,13 @@ class Bridge:
         self.site = site
         # Keyword arguments (tests, embedding) override the config.
         self.settings = StreamSettings(
-            max_media_bytes=_pick(max_media_bytes, config, "max_media_bytes", DEFAULT_MAX_PAYLOAD_BYTES),
+            max_media_bytes=max_media_bytes if max_media_bytes is not None else config.max_media_bytes,
             idle_timeout_s=config.idle_timeout_s,
-            send_ahead_s=_pick(send_ahead_s, config, "send_ahead_s", 0.04),
-            end_grace_s=_pick(end_grace_s, config, "end_grace_s", 5.0),
+            send_ahead_s=send_ahead_s if send_ahead_s is not None else config.send_ahead_s,
+            end_grace_s=end_grace_s if end_grace_s is not None else config.end_grace_s,
             record=record_phone_calls,
         )
-        self.transfer_to: str = getattr(config, "transfer_to", "") or ""
+        self.transfer_to: str = config.transfer_to
         self.metrics = ServerMetrics(lambda: self.active_calls)
         self._agent_actions: OrderedDict[str, str] = OrderedDict()  # CallSid -> "transfer" | "end_call"
         self._slots: set[AsgiSocket] = set()  # connections admitted as calls, until their handler ends
@@ -247,9 +247,3 @@ def _listen(host: str, port: int) -> socket.socket:
         raise
     return sock
 
-
-def _pick(value, config, name: str, default):
-    if value is not None:
-        return value
-    from_config = getattr(config, name, None)
-    return default if from_config is None else from_config
