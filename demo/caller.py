@@ -46,7 +46,7 @@ SILENCE = bytes([0xFF]) * FRAME_BYTES  # mu-law zero
 DEFAULT_SCRIPT: list[dict[str, Any]] = [
     {"text": "Hi, what are your opening hours on Saturday?"},
     {"text": "How much does a cleaning cost?"},
-    {"text": "Can I book the Tuesday morning slot?"},
+    {"text": "Can I book the Tuesday morning slot? My name is Ann Lee."},
 ]
 
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from llm.types import LLMBackend
 from voice.tts import AudioChunk
+
+if TYPE_CHECKING:
+    from pipeline.receptionist.bookings import BookingStore
 
 __all__ = ["AudioFrame", "AudioSink", "AudioSource", "LLMBackend", "SpeechToText", "TextToSpeech", "ToolRunner"]
 
@@ -70,6 +73,11 @@ class TextToSpeech(Protocol):
 
 class ToolRunner(Protocol):
     """The call's tools (pipeline.receptionist.tools.ToolBox): run one call, never raise."""
+
+    # The database the tools write to and the call they write for: the turn plan reads the
+    # slots from it and checks a move's booking against the call (pipeline/receptionist/plan.py).
+    store: BookingStore
+    call_id: str
 
     def run(self, name: str, arguments: str | dict) -> Any: ...  # -> ToolOutcome
 

@@ -273,6 +273,18 @@ async def test_a_book_plan_books_and_says_what_the_database_did(store):
     assert json.loads(result.tool_messages[1]["content"])["booked"] is True
 
 
+async def test_a_plan_books_through_the_phone_bridges_tools_without_a_transfer_line(store):
+    """A phone call with no transfer number gets its tools wrapped (NoTransferLine): the plan
+    still reads the database's slots and books through it (it once failed every turn)."""
+    from pipeline.transports.telephony.adapter import NoTransferLine
+
+    box = NoTransferLine(ToolBox(store, "c"))
+    result, spoken = await turn(Recording([plan_line("book", slot=SLOTS[1], name="Ann Lee")]), box)
+    assert result.error is None and spoken == [f"You're booked for {SLOTS[1]}, under the name Ann Lee."]
+    assert [(b.slot, b.name, b.call_id) for b in store.bookings()] == [(SLOTS[1], "Ann Lee", "c")]
+    assert box.open_slots() == [SLOTS[0], SLOTS[2]]
+
+
 async def test_the_grammar_names_the_databases_slots_at_the_start_of_the_turn(store):
     ToolBox(store, "other").run("book_slot", {"slot": SLOTS[0], "name": "Someone"})
     backend = Recording(['{"act": "answer"}\nSure.'])
