@@ -111,6 +111,11 @@ def test_act_transfer_and_end_call(store):
     box = ToolBox(store, "call-p")
     o = act(Plan("transfer"), box, "It's Marcus Brown.")  # nobody was asked for: ask, do not hang up
     assert o.calls == [] and o.action is None and o.line == "Would you like me to put you through to a person?"
+    for question in ("Which dentists work at the clinic?", "Is the doctor in on Friday?", "Who is your manager?"):
+        o = act(Plan("transfer"), box, question)  # a question about the staff, not a request for them
+        assert o.calls == [] and o.action is None, question
+    for request in ("Can I speak to Dr. Moreno?", "Put me through to the manager", "Get me a human, please"):
+        assert act(Plan("transfer"), ToolBox(store, f"t-{request}"), request).action == "transfer", request
     o = act(Plan("transfer"), box, "I want a person")
     assert (o.action, o.line) == ("transfer", "Let me transfer you now.") and o.reason == "I want a person"
     o = act(Plan("end_call"), box)

@@ -164,11 +164,14 @@ def said_by_caller(name: str, caller_lines: list[str]) -> bool:
     return bool(words) and all(w.lower() in said for w in words)
 
 
-# A transfer the caller asked for names a person, or the act ("It's Marcus Brown." planned
-# as a transfer by the 1.5B hung up on a caller mid-booking: bench tools).
+# A transfer the caller asked for: a request to speak to someone, or for a person ("It's
+# Marcus Brown." planned as a transfer by the 1.5B hung up on a caller mid-booking: bench
+# tools). Naming who works there is a question, not a request: "Which dentists work at
+# the clinic" planned as a transfer ended a call (bench pipeline).
 _ASKS_FOR_A_PERSON = re.compile(
-    r"\b(?:person|human|someone|somebody|staff|manager|receptionist|dentist|doctor|operator|agent|transfer|"
-    r"put me through|talk to|speak to|speak with|talk with)\b", re.IGNORECASE)
+    r"\b(?:transfer|put me through|connect me|speak (?:to|with)|talk (?:to|with)|get me (?:a|the|someone)|"
+    r"(?:a|an|the) (?:real |live |actual )?(?:person|human|operator|receptionist|manager)|someone (?:real|there)|"
+    r"somebody|real person)\b", re.IGNORECASE)
 
 
 # A message the caller asked for ("I'll call back next week", planned as a message by the
