@@ -228,6 +228,16 @@ class AgentModels:
             tools=tool_schemas(self.config))
         if prefix:
             self.engine.warm_prefix(prefix)
+        if self.config.tools.plan and self.bookings is not None:
+            # The plan's constraint: llguidance's tokenizer (about a second for a 150k
+            # vocabulary) and the grammar of today's slots, built now rather than inside the
+            # first caller's silence (the grammar is cached while the slots stay the same).
+            from llm.types import Constraint
+            from pipeline.receptionist.plan import plan_grammar
+
+            store = self.bookings
+            every = [s.label for s in store.slots(only_open=False) if s.active]
+            self.engine.grammars.compile(Constraint.grammar(plan_grammar(store.open_slots(), every)))
 
     def new_backend(self, config: Config | None = None) -> LLMBackend:
         """A fresh LLM backend for one call (its own conversation state)."""

@@ -397,3 +397,26 @@ async def test_a_plan_that_fails_midway_asks_the_caller_again(store):
     result, spoken = await turn(backend, ToolBox(store, "c"))
     assert spoken == [PLAN_FAILED] and result.finish_reason == "error" and "model exploded" in result.error
     assert result.tool_calls == [] and store.bookings() == []
+
+
+def test_warming_the_models_compiles_the_plan_grammar_of_todays_slots(tiny_models, store):
+    """AgentModels.warm builds the plan's constraint (llguidance's tokenizer and today's
+    grammar) at load, so the first caller's plan does not wait for it; the turn's own
+    grammar is then a cache hit."""
+    from llm.types import Constraint
+    from pipeline.agent import AgentModels, load_engine
+    from pipeline.config import load_config
+
+    cfg = load_config("test")
+    cfg = cfg.model_copy(update={
+        "llm": cfg.llm.model_copy(update={"target": tiny_models["target"], "draft": tiny_models["target"]}),
+        "tools": cfg.tools.model_copy(update={"enabled": True, "plan": True}),
+        "business": cfg.business.model_copy(update={"open_slots": SLOTS}),
+    })
+    engine = load_engine(cfg.llm)
+    models = AgentModels(cfg, None, None, None, engine, bookings=store)
+    models.warm()
+    grammar = Constraint.grammar(plan_grammar(store.open_slots(), SLOTS))
+    assert list(engine.grammars.compile_s) == [grammar]  # compiled once, at warm-up
+    engine.grammars.start(grammar)
+    assert list(engine.grammars.compile_s) == [grammar]
