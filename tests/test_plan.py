@@ -230,7 +230,7 @@ def test_a_booking_keeps_the_phone_number_the_caller_gave(store):
     assert o.calls[0].ok and store.bookings()[0].phone == "555-0199"
 
 
-async def turn(backend, box, caller="Can I book Tuesday? I'm Ann Lee.", hold_line=""):
+async def turn(backend, box, caller="Can I book that slot? I'm Ann Lee.", hold_line=""):
     sentences: asyncio.Queue = asyncio.Queue()
     result, events = LLMResult(), []
     await respond(backend, [{"role": "user", "content": caller}],
@@ -420,3 +420,15 @@ def test_warming_the_models_compiles_the_plan_grammar_of_todays_slots(tiny_model
     assert list(engine.grammars.compile_s) == [grammar]  # compiled once, at warm-up
     engine.grammars.start(grammar)
     assert list(engine.grammars.compile_s) == [grammar]
+
+
+def test_a_slot_on_another_day_than_the_one_asked_for_is_offered_not_booked(store):
+    box = ToolBox(store, "c")
+    o = act(Plan("book", SLOTS[0], "Sara Lind"), box, "Can I get an appointment on Monday at 9 a.m.? I'm Sara Lind.")
+    assert o.calls == [] and store.bookings() == []
+    assert o.line == "Sorry, we don't have that time. The open slots are: " + "; ".join(SLOTS) + "."
+    # The day asked for, or no day at all, or a move naming both days: booked.
+    friday = next(s for s in SLOTS if s.startswith("Friday"))
+    said = ["Can I get an appointment on Monday at 9 a.m.? I'm Sara Lind."]
+    assert act(Plan("book", friday, "Sara Lind"), box, "Alright, Friday at 9 then.", said + ["Alright, Friday at 9 then."]).calls[0].ok
+    assert act(Plan("book", SLOTS[0], "Ann Lee"), ToolBox(store, "d"), "The first one, please. I'm Ann Lee.").calls[0].ok

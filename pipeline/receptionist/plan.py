@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.receptionist.business import DAYS
+
 __all__ = ["ACTS", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "caller_phone", "clean_name", "parse_plan",
            "plan_grammar", "plan_prompt"]
 
@@ -264,10 +266,19 @@ def _held(toolbox: Any, name: str) -> list[Any]:
     return [b for b in rows if b.call_id == call_id and _same_slot(b.name, name)]
 
 
+def _days_named(text: str) -> set[str]:
+    return {d for d in DAYS if re.search(rf"\b{d}s?\b", text, re.IGNORECASE)}
+
+
 def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str]) -> Outcome:
     """Book `plan.slot`; for a move (or a second booking asked for with "actually",
     "instead"...), cancel the booking this call made under the name, after the new one
     succeeded, so that a refused slot leaves the caller what they had."""
+    named, day = _days_named(caller_text), next((d for d in DAYS if plan.slot.startswith(d)), None)
+    if named and day is not None and day not in named:
+        # The caller asked for a day the slot is not on ("Monday at 9", no Monday slot):
+        # the 1.5B planned the nearest slot there is (bench tools); offer, do not book.
+        return Outcome(_not_a_slot(toolbox.store, "book"))
     if not plan.name:
         return Outcome(f"I can book {plan.slot} for you. May I have your name?")
     held = _held(toolbox, plan.name)
