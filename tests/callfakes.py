@@ -156,6 +156,29 @@ class ScriptedBackend:
             self.closed += 1
 
 
+class WrappedBackend:
+    """A test's LLM backend around another (`inner`): what it does not override (the stats,
+    the tools, closing) is the inner backend's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @property
+    def tools(self):
+        return self.inner.tools
+
+    @property
+    def last_tool_parse(self):
+        return self.inner.last_tool_parse
+
+    @property
+    def last_stats(self):
+        return self.inner.last_stats
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 @dataclass
 class FakeModels:
     """Duck-typed pipeline.agent.AgentModels."""

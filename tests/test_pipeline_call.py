@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from callfakes import WrappedBackend
 from conftest import require_models, speech_clips
 from pipeline.call import Call, History
 from pipeline.config import load_config
@@ -298,7 +299,7 @@ class PassGate:
         return self.inner.__exit__(*exc)
 
 
-class HeldAfterFirstSentence:
+class HeldAfterFirstSentence(WrappedBackend):
     """An LLM backend around the real one: lets the engine run pass by pass until the text
     holds a complete sentence, then holds it until `gate.open()`."""
 
@@ -306,21 +307,6 @@ class HeldAfterFirstSentence:
         self.inner, self.gate = inner, gate
         self.finished = False  # the inner stream ran to its end
         self.held = False
-
-    @property
-    def tools(self):
-        return self.inner.tools
-
-    @property
-    def last_tool_parse(self):
-        return self.inner.last_tool_parse
-
-    @property
-    def last_stats(self):
-        return self.inner.last_stats
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
     async def stream(self, messages, params, cancel=None):
         from pipeline.sentences import SentenceSplitter

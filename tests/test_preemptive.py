@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from callfakes import EnergyVAD, ScriptedBackend, ScriptedSTT, ToneTTS, assert_released, snapshot
+from callfakes import EnergyVAD, ScriptedBackend, ScriptedSTT, ToneTTS, WrappedBackend, assert_released, snapshot
 from pipeline.call import Call
 from pipeline.config import load_config
 from pipeline.ports import AudioFrame
@@ -110,7 +110,7 @@ class LengthModel:
         return 0.95 if self.seconds is not None and len(audio) / RATE > self.seconds else 0.05
 
 
-class SpyBackend:
+class SpyBackend(WrappedBackend):
     """Wraps a backend: records every stream's token ids and finish, counts streams running
     at once, and sets `reached` once the first stream yielded `after` groups."""
 
@@ -120,21 +120,6 @@ class SpyBackend:
         self.active = self.max_active = 0
         self.reached = asyncio.Event()
         self.changed = asyncio.Event()  # set at every group and every stream's end
-
-    @property
-    def tools(self):
-        return self.inner.tools
-
-    @property
-    def last_tool_parse(self):
-        return self.inner.last_tool_parse
-
-    @property
-    def last_stats(self):
-        return self.inner.last_stats
-
-    async def aclose(self):
-        await self.inner.aclose()
 
     async def stream(self, messages, params, cancel=None):
         rec = {"messages": messages, "tokens": [], "text": "", "finish": None, "closed": False}
