@@ -17,6 +17,7 @@ import pytest
 from bench import QUALITY, RESULTS
 from callfakes import FakeModels, ScriptedBackend, ScriptedSTT, ToneTTS
 from demo import BUSINESSES
+from pipeline.config import ToolsConfig
 from pipeline.receptionist.bookings import open_store
 from pipeline.receptionist.business import FALLBACK, BusinessConfig, default_business
 from pipeline.receptionist.guard import FactGuard, Support, TurnGuard, normalize
@@ -201,6 +202,9 @@ def test_turn_guard_sees_tool_results_as_they_arrive(dental):
     assert turn("You're booked for Tuesday at 10:30 a.m., Ann.") == "You're booked for Tuesday at 10:30 a.m., Ann."
 
 
+HOLD_LINE = ToolsConfig().hold_line  # what a run with tools on says while a plan acts
+
+
 def _saved_answers():
     questions = {q["id"]: q for q in json.loads(QUALITY.read_text(encoding="utf-8"))["questions"]}
     seen = set()
@@ -222,7 +226,8 @@ def test_no_false_positive_on_the_right_answers_of_bench_quality(guards):
         users = [m["content"] for m in q["messages"] if m["role"] == "user"]
         turn = TurnGuard(guards[q["business"]], users[-1], earlier=users[:-1])
         for sentence in split_sentences(row["answer"]):
-            turn(sentence)
+            if sentence.strip() != HOLD_LINE:  # our own line (said while the plan acts): never guarded
+                turn(sentence)
         if row["correct"]:
             right += 1
             if turn.guarded:
