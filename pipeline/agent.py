@@ -233,11 +233,9 @@ class AgentModels:
             # vocabulary) and the grammar of today's slots, built now rather than inside the
             # first caller's silence (the grammar is cached while the slots stay the same).
             from llm.types import Constraint
-            from pipeline.receptionist.plan import plan_grammar
+            from pipeline.receptionist.plan import plan_grammar, plan_slots
 
-            store = self.bookings
-            every = [s.label for s in store.slots(only_open=False) if s.active]
-            self.engine.grammars.compile(Constraint.grammar(plan_grammar(store.open_slots(), every)))
+            self.engine.grammars.compile(Constraint.grammar(plan_grammar(*plan_slots(self.bookings))))
 
     def new_backend(self, config: Config | None = None) -> LLMBackend:
         """A fresh LLM backend for one call (its own conversation state)."""

@@ -33,7 +33,7 @@ from typing import Any
 from pipeline.receptionist.business import DAYS
 
 __all__ = ["ACTS", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "caller_phone", "clean_name", "parse_plan",
-           "plan_grammar", "plan_prompt"]
+           "plan_grammar", "plan_prompt", "plan_slots"]
 
 # The acts, in the order the prompt lists them. "answer": a question, answered from the facts.
 # "move": a caller who changes their mind; the booking they made is cancelled once the new
@@ -57,6 +57,12 @@ def _lark_string(value: str) -> str:
 
 def _alternatives(values: list[str]) -> str:
     return " | ".join(_lark_string(v) for v in dict.fromkeys(values))
+
+
+def plan_slots(store: Any) -> tuple[list[str], list[str]]:
+    """What a plan may name, read from the database now: (the open slots, every active
+    slot); `plan_grammar` takes both. Synchronous: run it in a thread on a call."""
+    return store.open_slots(), [s.label for s in store.slots(only_open=False) if s.active]
 
 
 def plan_grammar(open_slots: list[str], all_slots: list[str]) -> str:

@@ -25,7 +25,7 @@ from llm.tool_calls import ToolCallParse
 from llm.types import Constraint
 from pipeline.events import ToolResult
 from pipeline.ports import ToolRunner
-from pipeline.receptionist.plan import Outcome, act, parse_plan, plan_grammar
+from pipeline.receptionist.plan import Outcome, act, parse_plan, plan_grammar, plan_slots
 from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,7 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
     result = answer.result
     store = toolbox.store
     start = time.monotonic()
-    open_slots = await asyncio.to_thread(store.open_slots)
-    all_slots = [s.label for s in await asyncio.to_thread(store.slots, only_open=False) if s.active]
+    open_slots, all_slots = await asyncio.to_thread(plan_slots, store)
     grammar = plan_grammar(open_slots, all_slots)
     filt = PlanFilter()
     params = answer.params
