@@ -324,7 +324,8 @@ class Call:
         observers a TurnRecorded."""
         assert self.report is not None
         if turn.user_text:
-            self.history.add(turn.user_text, turn.heard_text, turn.llm.tool_messages)
+            self.history.add(turn.user_text, turn.heard_text, turn.llm.tool_messages,
+                             turn.llm.written_if_heard(turn.heard_text))
         preemption = heard.preemption.record() if heard is not None and heard.preemption is not None else None
         entry = self.report.add_call_turn(turn, keypad, preemption, heard.stt_stream if heard is not None else None)
         if turn.llm.action is not None:

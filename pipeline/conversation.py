@@ -100,7 +100,8 @@ class TextConversation:
             guard=turn_guard(self.guard, line, result, self.toolbox, [user for user, _ in self.history.exchanges if user]),
             plan=self.config.tools.plan, caller_text=line))
         said = " ".join(result.sentences)
-        self.history.add(line, said, result.tool_messages)  # what the caller heard, as a call keeps it
+        # What the caller heard, as a call keeps it.
+        self.history.add(line, said, result.tool_messages, result.written_if_heard(said))
         turn = TextTurn(len(self.turns), line, said, result, timeline, events)
         self.turns.append(turn)
         if result.action is not None:

@@ -73,6 +73,17 @@ class LLMResult:
     guarded: list[dict] = field(default_factory=list)
     # The turn's plan ([tools] plan, pipeline/stages/plan_step.py): act, slot, name, ...
     plan: dict | None = None
+    # The model's output as written when it differs from what is spoken (an answer plan's
+    # line before the answer): the history keeps it, so that the next prompt starts with
+    # the tokens in the KV cache (`written_if_heard`).
+    written: str = ""
+
+    def written_if_heard(self, heard: str) -> str:
+        """`written`, when the caller heard the answer whole and as the model wrote it (no
+        barge-in, no guarded sentence); else "" (the history keeps what was heard)."""
+        if not self.written or self.guarded:
+            return ""
+        return self.written if " ".join(heard.split()) == " ".join(" ".join(self.sentences).split()) else ""
 
     @property
     def model_spoke(self) -> bool:
@@ -192,11 +203,14 @@ class History:
     # The tool-call and tool-result messages of each exchange (aligned with `exchanges`):
     # a booking made stays known to the model, even when the caller barged in over its answer.
     steps: list[tuple[dict, ...]] = field(default_factory=list)
+    # Each exchange's agent turn as the model wrote it, or "" (LLMResult.written_if_heard).
+    written: list[str] = field(default_factory=list)
     dropped: int = 0
 
-    def add(self, user_text: str, agent_text: str, steps: tuple[dict, ...] | list[dict] = ()) -> None:
+    def add(self, user_text: str, agent_text: str, steps: tuple[dict, ...] | list[dict] = (), written: str = "") -> None:
         self.exchanges.append((user_text, agent_text))
         self.steps.append(tuple(steps))
+        self.written.append(written)
 
     def add_agent(self, agent_text: str) -> None:
         """An agent line with no user line before it (the greeting)."""
@@ -204,18 +218,20 @@ class History:
 
     def _messages(self) -> list[dict]:
         out = []
-        for (user, agent), steps in zip(self.exchanges, self._aligned_steps()):
+        for (user, agent), steps, written in zip(self.exchanges, self._aligned(self.steps, ()),
+                                                 self._aligned(self.written, "")):
             if user:
                 out.append({"role": "user", "content": user})
             out.extend(steps)
             if agent:
-                out.append({"role": "assistant", "content": agent})
+                # as_written: the in-process engine's prompt (llm.engine.template_messages).
+                out.append({"role": "assistant", "content": agent, **({"as_written": written} if written else {})})
         return out
 
-    def _aligned_steps(self) -> list[tuple[dict, ...]]:
+    def _aligned(self, values: list, empty: object) -> list:
         # `exchanges` may have been filled directly (tests, old callers): no steps for those.
-        pad = len(self.exchanges) - len(self.steps)
-        return [()] * pad + self.steps if pad >= 0 else self.steps[-pad:]
+        pad = len(self.exchanges) - len(values)
+        return [empty] * pad + values if pad >= 0 else values[-pad:]
 
     def messages(self, user_text: str) -> list[dict]:
         """The prompt for a new user message, trimming old exchanges to fit the budget."""
@@ -227,7 +243,8 @@ class History:
             if self.count_tokens(msgs) - base <= self.budget_tokens:
                 return msgs
             self.exchanges.pop(0)
-            if len(self.steps) > len(self.exchanges):
-                self.steps.pop(0)
+            for values in (self.steps, self.written):
+                if len(values) > len(self.exchanges):
+                    values.pop(0)
             self.dropped += 1
         return system + user

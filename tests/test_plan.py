@@ -14,7 +14,7 @@ import pytest
 from callfakes import ScriptedBackend
 from llm.types import SamplingParams
 from pipeline.receptionist.bookings import open_store
-from pipeline.receptionist.plan import OTHER_SLOT, Plan, act, parse_plan, plan_grammar
+from pipeline.receptionist.plan import ANSWER_ONLY_GRAMMAR, OTHER_SLOT, Plan, act, allowed_acts, parse_plan, plan_grammar
 from pipeline.stages.plan_step import PlanFilter
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
@@ -266,12 +266,94 @@ async def test_an_answer_plan_speaks_the_answer_only(store):
     assert backend.params[0].constraint.kind == "grammar"
 
 
+async def test_a_plain_question_is_answered_without_a_plan_line_or_the_slots(store):
+    """Nothing in "What time do you open on Saturday?" asks for an action: the turn is a
+    plain answer under a grammar that only keeps a plan line out (a plain question pays no
+    plan tokens), and the database is not read."""
+    backend = Recording(["We open", " at 9 a.m. on Saturday."])
+    reads = []
+    store_slots = store.open_slots
+    store.open_slots = lambda: reads.append(1) or store_slots()
+    result, spoken = await turn(backend, ToolBox(store, "c"), caller="What time do you open on Saturday?")
+    assert spoken == ["We open at 9 a.m. on Saturday."] and reads == []
+    assert backend.params[0].constraint.text == ANSWER_ONLY_GRAMMAR
+    assert result.plan == {"act": "answer", "acts": ["answer"], "planned": False, "plan_ms": result.plan["plan_ms"]}
+    assert result.written == ""  # what was written is what was said: the history needs nothing more
+
+
+async def test_a_backend_that_ignores_the_answer_only_grammar_books_nothing(store):
+    backend = Recording([plan_line("book", slot=SLOTS[1], name="Ann Lee")])
+    result, spoken = await turn(backend, ToolBox(store, "c"), caller="Is the Tuesday slot still free? I'm Ann Lee.")
+    from pipeline.stages.plan_step import PLAN_FAILED
+
+    assert spoken == [PLAN_FAILED] and store.bookings() == [] and result.tool_calls == []
+
+
+async def test_an_answer_plan_keeps_its_line_for_the_history(store):
+    """The answer after a plan line is spoken alone, but the history gets the turn as the
+    model wrote it (so that the next turn's prompt starts with the tokens in the KV cache),
+    unless the caller heard something else."""
+    from pipeline.turn import History
+
+    line = '{"act": "answer"}\nWe open at 9 a.m. on Saturday.'
+    result, spoken = await turn(Recording([line]), ToolBox(store, "c"), caller="Can I come in Saturday? When do you open?")
+    assert spoken == ["We open at 9 a.m. on Saturday."] and result.written == line
+    history = History("sys", 10_000, lambda msgs: sum(len(m["content"]) for m in msgs))
+    history.add("Can I come in Saturday?", spoken[0], result.tool_messages, result.written_if_heard(spoken[0]))
+    history.add("And Sunday?", "We open", (), result.written_if_heard("We open"))  # cut short by a barge-in
+    assistant = [m for m in history.messages("Thanks.") if m["role"] == "assistant"]
+    assert assistant[0] == {"role": "assistant", "content": spoken[0], "as_written": line}
+    assert assistant[1] == {"role": "assistant", "content": "We open"}
+    result.guarded.append({"sentence": "x", "why": "y"})
+    assert result.written_if_heard(spoken[0]) == ""
+
+
+@pytest.mark.parametrize("caller, agent_before, acts", [
+    # Questions, a caller's claim to check: the answer only (bench quality's plan misroutes).
+    ("Yes, what times do you have?", "", ("answer",)),
+    ("So you have a table for two tonight at 7 p.m., right?", "", ("answer",)),
+    ("We'll be twelve people. Is there a deposit?", "", ("answer",)),
+    ("When will it be fixed?", "", ("answer",)),
+    ("Once you get it back, when do I get my money?", "", ("answer",)),
+    ("Is the Friday 9 a.m. slot still free?", "Which would you like?", ("answer",)),
+    # Asked in words, agreed to, or a bare answer to the agent's question.
+    ("Can I get an appointment on Monday at 9 a.m.? I'm Sara Lind.", "", ("answer", "book", "move", "cancel")),
+    ("Sorry, could we reschedule that to the Friday morning slot?", "", ("answer", "book", "move", "cancel")),
+    ("Okay, the Tuesday one then.", "", ("answer", "book", "move", "cancel", "end_call")),
+    ("It's Marcus Brown.", "I can book Wednesday 2:15 p.m. for you. May I have your name?",
+     ("answer", "book", "move", "cancel", "end_call")),
+    ("It's Marcus Brown.", "", ("answer", "end_call")),
+    ("Can someone call me back? It's Robert King.", "", ("answer", "message")),
+    ("Can I talk to a real person, please?", "", ("answer", "transfer")),
+    ("That's all, thank you. Bye!", "", ("answer", "end_call")),
+])
+def test_an_action_is_possible_only_when_the_caller_asks_for_it(caller, agent_before, acts):
+    assert allowed_acts(caller, [caller], agent_before) == acts
+
+
+def test_the_grammar_holds_only_the_acts_allowed():
+    from llm.constrain import check_text
+    from llm.types import Constraint
+
+    grammar = Constraint.grammar(plan_grammar(SLOTS, SLOTS, ("answer", "message")))
+    assert check_text(grammar, plan_line("message", name="Jo Kim", message="Call me")) is None
+    assert check_text(grammar, '{"act": "answer"}\nWe open at 9.') is None
+    assert check_text(grammar, plan_line("book", slot=SLOTS[0], name="Jo Kim")) is not None
+    assert check_text(grammar, plan_line("transfer")) is not None
+    answer_only = Constraint.grammar(ANSWER_ONLY_GRAMMAR)
+    assert check_text(answer_only, "We open at 9 a.m.\nOn Sundays we are closed.") is None
+    assert check_text(answer_only, '{"act": "answer"}\nWe open at 9.') is not None
+    with pytest.raises(ValueError):
+        plan_grammar(SLOTS, SLOTS, ("book",))
+
+
 async def test_a_book_plan_books_and_says_what_the_database_did(store):
     backend = Recording([plan_line("book", slot=SLOTS[1], name="Ann Lee")])
     result, spoken = await turn(backend, ToolBox(store, "c"), hold_line="One moment, please.")
     assert spoken == ["One moment, please.", f"You're booked for {SLOTS[1]}, under the name Ann Lee."]
     assert result.tool_calls[0]["name"] == "book_slot" and result.tool_calls[0]["ok"]
     assert result.plan == {"act": "book", "slot": SLOTS[1], "name": "Ann Lee", "open_slots": 3, "error": None,
+                           "acts": ["answer", "book", "move", "cancel"],
                            "plan_ms": result.plan["plan_ms"], "line": plan_line("book", slot=SLOTS[1], name="Ann Lee")}
     # The history gets the plan as the model wrote it and the database's result.
     assert result.tool_messages[0]["as_written"] == plan_line("book", slot=SLOTS[1], name="Ann Lee")
@@ -416,10 +498,10 @@ def test_warming_the_models_compiles_the_plan_grammar_of_todays_slots(tiny_model
     engine = load_engine(cfg.llm)
     models = AgentModels(cfg, None, None, None, engine, bookings=store)
     models.warm()
-    grammar = Constraint.grammar(plan_grammar(store.open_slots(), SLOTS))
-    assert list(engine.grammars.compile_s) == [grammar]  # compiled once, at warm-up
-    engine.grammars.start(grammar)
-    assert list(engine.grammars.compile_s) == [grammar]
+    grammars = [Constraint.grammar(plan_grammar(store.open_slots(), SLOTS)), Constraint.grammar(ANSWER_ONLY_GRAMMAR)]
+    assert list(engine.grammars.compile_s) == grammars  # compiled once, at warm-up
+    engine.grammars.start(grammars[0])
+    assert list(engine.grammars.compile_s) == grammars
 
 
 def test_a_slot_on_another_day_than_the_one_asked_for_is_offered_not_booked(store):

@@ -32,8 +32,8 @@ from typing import Any
 
 from pipeline.receptionist.business import DAYS
 
-__all__ = ["ACTS", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "caller_phone", "clean_name", "parse_plan",
-           "plan_grammar", "plan_prompt", "plan_slots"]
+__all__ = ["ACTS", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
+           "parse_plan", "plan_grammar", "plan_prompt", "plan_slots"]
 
 # The acts, in the order the prompt lists them. "answer": a question, answered from the facts.
 # "move": a caller who changes their mind; the booking they made is cancelled once the new
@@ -65,22 +65,34 @@ def plan_slots(store: Any) -> tuple[list[str], list[str]]:
     return store.open_slots(), [s.label for s in store.slots(only_open=False) if s.active]
 
 
-def plan_grammar(open_slots: list[str], all_slots: list[str]) -> str:
+# A turn that may only answer (`allowed_acts`): free text that does not open a plan line.
+ANSWER_ONLY_GRAMMAR = "start: ANSWER\nANSWER: /[^{](.|\\n)*/\n"
+
+# Each act's line in the grammar (Lark): the plan as the model writes it.
+_ACT_RULES = {
+    "answer": '"{\\"act\\": \\"answer\\"}\\n" ANSWER',
+    "book": '"{\\"act\\": \\"book\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
+    "move": '"{\\"act\\": \\"move\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
+    "cancel": '"{\\"act\\": \\"cancel\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
+    "message": '"{\\"act\\": \\"message\\", \\"name\\": " NAME ", \\"message\\": " MESSAGE "}"',
+    "transfer": '"{\\"act\\": \\"transfer\\"}"',
+    "end_call": '"{\\"act\\": \\"end_call\\"}"',
+}
+
+
+def plan_grammar(open_slots: list[str], all_slots: list[str], acts: tuple[str, ...] = ACTS) -> str:
     """The Lark grammar of a turn's output: the plan line, then free text after an answer
-    plan. A slot is one of the database's slots (`all_slots`, the open ones first) or
+    plan. `acts`: the acts this turn may take (`allowed_acts`); the others cannot be
+    written. A slot is one of the database's slots (`all_slots`, the open ones first) or
     OTHER_SLOT, for a time it does not have. Why not only the open ones: with Tuesday
     taken, "the Tuesday slot please" had the 1.5B forced into Wednesday and booked it
     (`specvoice chat`, the default pair); with Tuesday in the enum the database refuses
     it and the caller is told so and offered the open ones (`act`)."""
+    unknown = set(acts) - set(ACTS)
+    if unknown or "answer" not in acts:
+        raise ValueError(f"acts must include 'answer' and come from {ACTS}; got {acts}")
     slots = list(dict.fromkeys([*open_slots, *all_slots]))
-    acts = ['"{\\"act\\": \\"answer\\"}\\n" ANSWER',
-            '"{\\"act\\": \\"book\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
-            '"{\\"act\\": \\"move\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
-            '"{\\"act\\": \\"cancel\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"']
-    acts.append('"{\\"act\\": \\"message\\", \\"name\\": " NAME ", \\"message\\": " MESSAGE "}"')
-    acts.append('"{\\"act\\": \\"transfer\\"}"')
-    acts.append('"{\\"act\\": \\"end_call\\"}"')
-    lines = ["start: " + "\n     | ".join(acts),
+    lines = ["start: " + "\n     | ".join(_ACT_RULES[a] for a in ACTS if a in acts),
              'ANSWER: /(.|\\n)+/',
              # No quote, backslash or control character: the value is a JSON string as written.
              # No length bound in the grammar: "{0,40}" made llguidance's lexer give up
@@ -188,6 +200,53 @@ _ASKS_FOR_A_MESSAGE = re.compile(
     r"\b(?:message|note|call me|ring me|get back to me|reach me|contact me|let (?:him|her|them|the \w+|dr\.? \w+) know|"
     r"tell (?:him|her|them|the|dr)|pass (?:it|this|that) on|have (?:him|her|them|someone|somebody|the \w+) call)\b",
     re.IGNORECASE)
+
+
+# A booking, cancellation or move asked for in words ("I'd like to book", "can I come in",
+# "cancel that", "actually, Friday").
+_ASKS_TO_BOOK = re.compile(
+    r"\b(?:(?:re)?book\w*|appointments?|reserv\w*|(?:re)?schedul\w*|come in|get (?:me )?in|fit me in|sign me up|put me down|"
+    r"i'?d like|i would like|i want|i'?ll take|let'?s do|go with|(?:can|could|may) (?:i|we) (?:get|have|take|come)|"
+    r"cancel\w*|move|change|switch|instead|actually|i meant)\b", re.IGNORECASE)
+# A caller who agrees to or completes what the agent offered ("Yes, Friday please", "Okay,
+# the Tuesday one then", "My name is Ivy Chen"): an action only when it is not a question.
+_AGREES = re.compile(
+    r"\b(?:yes|yeah|yep|sure|ok|okay|alright|all right|please|great|perfect|fine|sounds good|works|"
+    r"my name|name is|name's|the name)\b", re.IGNORECASE)
+# The agent's last line asked the caller to choose or to give a name ("May I have your
+# name?", "Which would you like?"): a bare answer to it ("It's Marcus Brown.") completes a booking.
+_AGENT_ASKED = re.compile(r"\b(?:name|which|would you like|book|slot)\b[^.!]*\?", re.IGNORECASE)
+_GOODBYE = re.compile(
+    r"\b(?:bye|goodbye|good night|that'?s all|that is all|that'?s it|nothing else|hang up|thanks|thank you|"
+    r"call (?:back|again)|another time|have a (?:good|nice|great))\b", re.IGNORECASE)
+
+
+def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_before: str = "") -> tuple[str, ...]:
+    """The acts this turn may take, from what the caller said: an action only when their
+    words ask for it. The plan's grammar holds only these (`plan_grammar`), so the 1.5B
+    cannot book, take a message or transfer where the caller asked a question: it did,
+    for "Yes, what times do you have?" (booked), "So you have a table for two at 7,
+    right?" (booked 7:45), "When will it be fixed?" (a message), "Once you get it back,
+    when do I get my money?" (a transfer), bench quality. A turn left with "answer" alone
+    is a plain answer: it pays for no plan at all (stages/plan_step.py).
+
+    Booking acts: a booking word, or (not a question) an agreement or a name, or a bare
+    reply to the agent's question of a name or a choice. A message: asked for on this
+    line or the one before (as `act` checks). A transfer: a person asked for. Ending the
+    call: a goodbye, or any line that is not a question."""
+    lines = caller_lines if caller_lines is not None else [caller_text]
+    question = "?" in caller_text
+    acts = ["answer"]
+    if _ASKS_TO_BOOK.search(caller_text) or (not question and (
+            _AGREES.search(caller_text) or _AGENT_ASKED.search(agent_before))):
+        acts += ["book", "move", "cancel"]
+    if _ASKS_FOR_A_MESSAGE.search(" ".join([*lines[-2:], caller_text])):
+        acts.append("message")
+    if _ASKS_FOR_A_PERSON.search(caller_text):
+        acts.append("transfer")
+    if _GOODBYE.search(caller_text) or not question:
+        acts.append("end_call")
+    return tuple(acts)
 
 
 def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str] | None = None) -> Outcome:

@@ -25,7 +25,8 @@ from llm.tool_calls import ToolCallParse
 from llm.types import Constraint
 from pipeline.events import ToolResult
 from pipeline.ports import ToolRunner
-from pipeline.receptionist.plan import Outcome, act, parse_plan, plan_grammar, plan_slots
+from pipeline.receptionist.plan import (ANSWER_ONLY_GRAMMAR, Outcome, act, allowed_acts, parse_plan, plan_grammar,
+                                        plan_slots)
 from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
@@ -80,12 +81,32 @@ class PlanFilter:
         return "", ToolCallParse()
 
 
+def _agent_before(messages: list[dict]) -> str:
+    """The agent's last line before the caller's (what a bare "It's Marcus Brown." answers)."""
+    for m in reversed(messages[:-1]):
+        if m.get("role") == "user":
+            return ""
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"].strip():
+            return m["content"]
+    return ""
+
+
 async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner, caller_text: str = "") -> None:
     result = answer.result
     store = toolbox.store
     start = time.monotonic()
-    open_slots, all_slots = await asyncio.to_thread(plan_slots, store)
-    grammar = plan_grammar(open_slots, all_slots)
+    callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    acts = allowed_acts(caller_text, callers or [caller_text], _agent_before(messages))
+    if acts == ("answer",):
+        # Nothing the caller said asks for an action: a plain answer, without a plan line, so
+        # a plain question pays nothing for the plan (no plan tokens, no slots read). The
+        # grammar only keeps the model from opening a plan anyway (the prompt and the
+        # history show it plan lines); the filter drops one from a backend that ignores it.
+        open_slots: list[str] | None = None
+        grammar = ANSWER_ONLY_GRAMMAR
+    else:
+        open_slots, all_slots = await asyncio.to_thread(plan_slots, store)
+        grammar = plan_grammar(open_slots, all_slots, acts)
     filt = PlanFilter()
     params = answer.params
     answer.params = dataclasses.replace(params, constraint=Constraint.grammar(grammar))
@@ -98,16 +119,24 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         # Ask again rather than leave the caller with the hold line alone.
         log.exception("plan round failed")
         result.error, result.finish_reason = f"plan: {type(exc).__name__}: {str(exc)[:300]}", "error"
-        result.plan = {"act": None, "error": result.error, "line": filt.text.partition("\n")[0][:400]}
+        result.plan = {"act": None, "acts": list(acts), "error": result.error,
+                       "line": filt.text.partition("\n")[0][:400]}
         answer.line(PLAN_FAILED)
         return
     finally:
         answer.params = params
+    if open_slots is None:
+        result.plan = {"act": "answer", "acts": list(acts), "planned": False,
+                       "plan_ms": round((time.monotonic() - start) * 1000, 1)}
+        if filt.act not in (None, "answer") and not answer.barge_in.fired:
+            answer.line(PLAN_FAILED)  # a backend that ignored the grammar planned an action nobody asked for
+        return
     parse = parse_plan(filt.text)
     result.plan = {"act": parse.plan.act if parse.plan else None,
                    **({k: v for k, v in dataclasses.asdict(parse.plan).items() if v and k != "act"}
                       if parse.plan else {}),
-                   "open_slots": len(open_slots), "error": parse.error, "line": filt.text.partition("\n")[0][:400],
+                   "acts": list(acts), "open_slots": len(open_slots), "error": parse.error,
+                   "line": filt.text.partition("\n")[0][:400],
                    "plan_ms": round((time.monotonic() - start) * 1000, 1)}
     if answer.barge_in.fired or result.finish_reason in ("cancelled", "error"):
         return
@@ -115,10 +144,13 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         answer.line(PLAN_FAILED)  # an action's line left unfinished (the token budget ran out)
         return
     if parse.plan is None or parse.plan.act == "answer":
-        return  # the answer was spoken as it came (through the fact guard)
+        # The answer was spoken as it came (through the fact guard). The history keeps the
+        # turn as written, plan line included, so that the next turn's prompt starts with
+        # the tokens already in the KV cache (History.add uses it when the caller heard it all).
+        result.written = filt.text
+        return
     t = time.monotonic()
     try:
-        callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
         outcome = await asyncio.to_thread(act, parse.plan, toolbox, caller_text, callers or [caller_text])
     except Exception as exc:  # act never raises by design; a turn must survive if it does
         log.exception("plan act %s failed", parse.plan.act)
