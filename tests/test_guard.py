@@ -168,7 +168,30 @@ def test_agreeing_with_a_false_premise_is_caught(dental, caller, why):
     for answer in ("Yes.", "That's right.", "Sure, we are.", "Yes, that's correct."):
         v = dental.check(answer, Support.of(caller=caller))
         assert not v.ok and why in v.why, (caller, answer, v)
-    assert ok(dental, "No, sorry.", caller=caller)
+    # "No" to a claim the facts contradict is true; to one they never mention it is made up
+    # too (test_a_yes_or_no_about_what_the_facts_never_mention_is_not_said).
+    assert ok(dental, "No, sorry.", caller=caller) is (why not in ("spanish", "brace"))
+
+
+@pytest.mark.parametrize("caller, answer", [
+    ("Do you have a kids' menu?", "No, Luigi's Bistro does not offer a kids' menu."),
+    ("Do you have a vegetarian lasagna?", "No, I don't have a vegetarian lasagna."),
+    ("Is there parking near the restaurant?", "No parking is available near the restaurant."),
+    ("Do you have a kids' menu?", "Yes, kids love our menu."),
+])
+def test_a_yes_or_no_about_what_the_facts_never_mention_is_not_said(guards, caller, answer):
+    bistro = guards["bistro"]
+    v = bistro.check(answer, Support.of(caller=caller))
+    assert not v.ok and "facts do not say" in v.why, v
+    # Saying we do not know is true, and so is a fact about something the facts do name.
+    assert bistro.check("I'm not sure about that. I can take a message.", Support.of(caller=caller)).ok
+    assert bistro.check("Yes, the tiramisu is $9.", Support.of(caller="Do you have tiramisu?")).ok
+
+
+def test_dental_implants_asked_after_a_person_are_still_the_subject(dental):
+    v = dental.check("Dr. Priya Patel does implants.", Support.of(caller="Do you have a dentist who does implants?"))
+    assert not v.ok and "implants" in v.why
+    assert ok(dental, "Dr. Priya Patel and Dr. Luis Moreno.", caller="Which dentists do you have?")
 
 
 def test_agreeing_with_a_true_premise_passes(dental):
@@ -321,3 +344,26 @@ def test_bench_quality_rescore_with_the_guard(tmp_path, capsys):
     assert after["false_claim"] < before["false_claim"] and after["correct"] > before["correct"]
     assert after["guarded_sentences"] > 0 and after["guard_ms_per_sentence"]["sentences"] > 80
     assert "the guard held back" in capsys.readouterr().out
+
+
+def test_a_price_with_a_condition_is_said_with_it(guards):
+    isp, shop = guards["isp"], guards["shop"]
+    v = isp.check("The technician visit costs $49.", Support.of(caller="How much will the visit cost me?"))
+    assert not v.ok and v.correction == "The technician visit is $49, waived for Plus and Gigabit customers."
+    assert ok(isp, "The technician visit is $49, but it's waived for Plus and Gigabit customers.")
+    assert ok(isp, "The technician visit is $49 unless you have the Plus plan.")
+    assert not ok(shop, "Standard shipping is $6.95.")
+    assert ok(shop, "Standard shipping is $6.95, or free on orders over $50.")
+    assert ok(shop, "Express shipping is $14.95.")  # no condition to say
+
+
+def test_a_list_on_several_lines_is_checked_line_by_line(guards):
+    plans = "Basic plan: $39.99 a month\nPlus plan: $59.99 a month\nGigabit plan: $79.99 a month"
+    assert ok(guards["isp"], plans, caller="What internet plans do you have?")
+    assert not ok(guards["isp"], plans.replace("$59.99", "$49.99"), caller="What internet plans do you have?")
+
+
+def test_a_wrong_figure_is_corrected_by_the_fact_with_that_kind_of_figure(guards):
+    """"Takes one day, right?" is answered with how many days, not with the price."""
+    v = guards["shop"].check("Yes.", Support.of(caller="Express shipping takes one day, right?"))
+    assert not v.ok and v.correction == "Actually, express shipping takes 2 days."

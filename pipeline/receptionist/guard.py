@@ -74,6 +74,9 @@ _NORMAL_STEPS: list[tuple[tuple[str, ...], re.Pattern, str | Callable]] = [(t, r
     (("-free",), r"(?<=[a-z])-free\b", "free"),  # "gluten-free" is a kind of pasta, not a price of zero
     (("-",), r"(?<=[a-z])-(?=[a-z])", " "),  # check-up -> check up
     (("checkup",), r"\bcheckups?\b", "check up"),
+    # A line break ends a clause: "Basic plan: $39.99\nPlus plan: $59.99" is a list, and
+    # "$39.99" is not said of the Plus plan (bench quality: isp-plans).
+    (("\n",), r"(?<=\S)\s*\n\s*(?=\S)", "; "),
     (("  ", "\n", "\t"), r"\s+", " "),
 ]]
 _PUNCT = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'", "\u201c": '"', "\u201d": '"', "\u2013": " - ",
@@ -197,6 +200,15 @@ def figures(norm: str) -> list[str]:
     return out
 
 
+def _kind(fig: str) -> str:
+    """What kind of figure: "$", "time", a count's unit ("day"), or "number"."""
+    if fig.startswith("$"):
+        return "$"
+    if _TIME.fullmatch(fig):
+        return "time"
+    return fig.partition(" ")[2] or "number"
+
+
 def _unit(unit: str) -> str:
     u = unit.removesuffix("s") if unit not in ("mbps",) else unit
     return {"min": "minute", "person": "people", "guest": "people", "people": "people"}.get(u, u)
@@ -267,12 +279,14 @@ class FactBook:
     said: list[str | None] = field(default_factory=list)  # each line as a sentence to say, or None
 
     def closest(self, norm: str) -> str | None:
-        """The fact most about what `norm` is about (most topic words shared), as a sentence."""
-        about = topic_words(norm)
-        best, score = None, 0
-        for topics, said in zip(self.line_topics, self.said):
-            n = len(topics & about)
-            if said is not None and n > score:
+        """The fact most about what `norm` is about (most topic words shared; of those, one
+        with a figure of the same kind: "takes 1 day" is corrected by "takes 2 days", not by
+        the price), as a sentence."""
+        about, kinds = topic_words(norm), {_kind(f) for f in figures(norm)}
+        best, score = None, (0, 0)
+        for topics, figs, said in zip(self.line_topics, self.line_figures, self.said):
+            n = (len(topics & about), len(kinds & {_kind(f) for f in figs}))
+            if said is not None and n[0] and n > score:
                 best, score = said, n
         return best
 
@@ -378,6 +392,7 @@ class FactGuard:
     def __init__(self, business: BusinessConfig):
         self.book = FactBook.build(business)
         self._fallback_norm = {normalize(s) for s in _split_fixed(self.book.fallback)}
+        self._asked: dict[tuple[str, frozenset[str]], str] = {}  # a turn's caller line -> what it asks the facts lack
 
     def is_fallback(self, sentence: str) -> bool:
         """One of the fallback's sentences, or the whole of it."""
@@ -394,6 +409,9 @@ class FactGuard:
             # A question asserts nothing ("Would you like the Tuesday slot?"), but its figures
             # and names still must be real: an offered slot that does not exist misleads too.
             return self._claims(norm, s, question=True)
+        v = self._unknown_subject(norm, s)
+        if not v.ok:
+            return v
         v = self._agreement(norm, s)
         if not v.ok:
             return v
@@ -456,6 +474,12 @@ class FactGuard:
                 p = items[0]
                 return Verdict(False, f"{p.key} is not free ({p.value})",
                                f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
+            for p in items:
+                if any(_has_figure(p.norm_value, fig) for fig in money) and not _condition_said(p.norm_value, norm):
+                    # "$49" for a visit "waived for Plus and Gigabit customers", said to a Plus
+                    # customer (bench quality: isp-plus-technician): the price without its condition.
+                    return Verdict(False, f"the price of {p.key} has a condition ({p.value})",
+                                   f"The {p.key} is {_end(p.value)}")
         return _OK
 
     def _priced_items(self, text: str) -> list[Price]:
@@ -587,6 +611,38 @@ class FactGuard:
                 return Verdict(False, f"agrees to what the facts do not say: {_as_said(unknown, claim)}")
         return _OK
 
+    def _unknown_subject(self, norm: str, s: Support) -> Verdict:
+        """The caller asked whether something is so ("Do you have a kids' menu?", "Can I get
+        a static IP address?") and the facts never mention it: they support neither a yes
+        nor a no, so only a sentence that says we do not know may be said. The 1.5B
+        answered "No, we don't have a kids' menu" (and "Dr. Patel does implants") to eight
+        of bench quality's twenty such questions."""
+        if not s.caller or _HEDGE.search(norm):
+            return _OK
+        key = (s.caller, frozenset(s.topics))
+        if key not in self._asked:
+            self._asked[key] = self._asked_unknown(s)
+        unknown = self._asked[key]
+        if unknown:
+            return Verdict(False, f"answers what the facts do not say: {unknown}")
+        return _OK
+
+    def _asked_unknown(self, s: Support) -> str:
+        """What the caller's last yes-no question asks about, as they said it, when most of
+        its words are in no fact (nor tool result, nor open slot); "" otherwise."""
+        questions = [x for x in re.split(r"(?<=[.!?])\s+", s.caller) if x.endswith("?")]
+        if not questions:
+            return ""
+        q = questions[-1].rstrip(" ?")
+        m = _ASKS_WHETHER.search(q)
+        if not m:
+            return ""
+        end = _ASKED_END.search(q, m.end() + 1)
+        phrase = q[m.end():end.start() if end else len(q)]
+        asked = topic_words(phrase) - _CALLER_WORDS - _NOT_A_SUBJECT
+        unknown = sorted(asked - self._known_topics(s))
+        return _as_said(unknown, phrase) if unknown and 2 * len(unknown) >= len(asked) else ""
+
     def _known_topics(self, s: Support) -> set[str]:
         return self.book.vocab | s.topics if s.topics else self.book.vocab
 
@@ -614,8 +670,35 @@ def _object_words(text: str) -> set[str]:
     return topic_words(text[: m.start()] if m else text) - _CALLER_WORDS - {_stem(w) for w in _OFFER_VERBS}
 
 
+# A caller's yes-no question, up to what it asks about ("do you have", "can I", "is there").
+_ASKS_WHETHER = re.compile(
+    r"^(?:(?:so|and|but|also|um|hmm|great|ok|okay|well|oh|hi|hello|sorry)[ ,]+)*(?:do|does|can|could|will|would|is|are)"
+    r" (?:you|we|i|they|there|it|dr \w+|the \w+)(?: (?:still|also|ever|currently|even))?\b")
+# Where the thing asked about ends ("a fee if we bring our own wine": a fee). Not at "who",
+# "that": "a dentist who does implants" asks about implants.
+_ASKED_END = re.compile(r"\b(?:if|when|because|so|since|after|before|while|i|i'm|we|you)\b|[,.?!]")
+# Words of a question that are no subject the facts would have to name.
+_NOT_A_SUBJECT = {_stem(w) for w in _OFFER_VERBS} | {_stem(w) for w in """morning afternoon evening night week weekend
+    month year near nearby soon later""".split()}
 _NOT_OFFERED = re.compile(r"\bwe (?:do not|don't|does not|doesn't) (?:currently )?(?:offer|have|provide|sell|carry|"
                           r"serve|accept|take|do)\b|\bthere (?:is|are) no\b")
+
+
+_CONDITIONAL = re.compile(r"\b(?:waived|free)\b")
+
+
+def _condition_said(value: str, sentence: str) -> bool:
+    """A price with a condition ("$49, waived for Plus and Gigabit customers"; "free over $50,
+    otherwise $6.95") is said with it: the sentence says "waived" / "free", or names the
+    condition ("Plus", "over $50")."""
+    m = _CONDITIONAL.search(value)
+    if not m:
+        return True
+    if _CONDITIONAL.search(sentence) or re.search(r"\b(?:no charge|unless|except|otherwise)\b", sentence):
+        return True
+    condition = value[m.end():].split(",")[0]
+    return bool(topic_words(condition) & topic_words(sentence)
+                or set(figures(condition)) & set(figures(sentence)))
 
 
 def _free(value: str, clause: str) -> bool:
