@@ -106,14 +106,10 @@ def plan_grammar(open_slots: list[str], all_slots: list[str], acts: tuple[str, .
 
 def plan_prompt(open_slots: list[str]) -> str:
     """The system prompt's paragraph that says how a reply starts (the grammar makes it so;
-    this tells the model what each act means, once, in the warmed prompt). A question's
-    reply has no plan line: a turn whose caller asked for no action is a plain answer
-    (`allowed_acts`), and with "every reply starts with a plan" in the prompt the 1.5B,
-    kept from writing one, answered 21 of 33 plain questions with the fallback (bench
-    quality)."""
+    this tells the model what each act means, once, in the warmed prompt)."""
     slot = open_slots[0] if open_slots else "Monday 9:00 a.m."
-    return ("A question is answered directly. When the caller asks to book, cancel or move a booking, to leave a "
-            "message or to speak to a person, or says goodbye, the reply starts with a plan on its own line:\n"
+    return ("Every reply starts with a plan on its own line, then the answer if there is one:\n"
+            '- a question: {"act": "answer"} then the answer on the next line\n'
             f'- to book a slot: {{"act": "book", "slot": "{slot}", "name": "<the caller\'s name>"}}'
             f' (a time not among the slots: "slot": "{OTHER_SLOT}")\n'
             f'- to move the caller\'s booking to another slot: {{"act": "move", "slot": "<the new slot>", "name": "<the name it is under>"}}\n'
@@ -121,7 +117,6 @@ def plan_prompt(open_slots: list[str]) -> str:
             '- to leave a message for the staff: {"act": "message", "name": "<name>", "message": "<the message>"}\n'
             '- to speak to a person: {"act": "transfer"}\n'
             '- when the caller says goodbye: {"act": "end_call"}\n'
-            '- to answer instead: {"act": "answer"} then the answer on the next line\n'
             "Only book, cancel or take a message when the caller asks for it.")
 
 
