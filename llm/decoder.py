@@ -198,15 +198,23 @@ def first_pass(s: Decoding, runner: Runner) -> TokenGroup:
     last, whose row picks the first token) and emits that token."""
     prompt, guide, stats = s.prompt, s.gen.guide, s.stats
     keep = min(common_prefix(s.seq.tokens, prompt), len(prompt) - 1)
-    computed = len(prompt) - keep
+    # What the constraint forces at the start (a turn plan's '{"act": "answer"}\n') is
+    # computed with the prompt, in the prefill: the target can write nothing else there, so
+    # those rows cost a few more prefill rows instead of a pass of their own before the
+    # first free token. Greedy output is the same; a sampled one skips the draws of tokens
+    # that had one choice (the same distribution).
+    room = min(s.gen.params.max_new_tokens - 1, s.gen.max_context - len(prompt) - 1)
+    forced = _forced_start(guide, room)
+    ahead = [*prompt, *forced]
+    computed = len(ahead) - keep
 
     # Both run where the runner runs passes (the engine thread); they touch only this conversation.
     def prepare(load: Load) -> Piece:
-        todo = torch.tensor(prompt[keep:], dtype=torch.long, device=s.target.device)
+        todo = torch.tensor(ahead[keep:], dtype=torch.long, device=s.target.device)
         return Piece(s.target, Segment(s.seq.cache, todo, keep, all_logits=False), 1.0, 0.0)
 
     def finish(logits: torch.Tensor) -> int:
-        s.seq.tokens = list(prompt)
+        s.seq.tokens = list(ahead)
         row = logits[-1]
         if guide is not None:
             allowed = guide.mask()
@@ -220,11 +228,23 @@ def first_pass(s: Decoding, runner: Runner) -> TokenGroup:
         guide.advance([token])
     stats.prefill_s = s.clock() - t0
     stats.prefilled_tokens = computed
+    stats.forced_tokens += len(forced)
     stats.passes = 1
+    s.context.extend(forced)
     s.pending = token
-    group = emit(s, [token], 0, 0)
+    group = emit(s, [*forced, token], 0, 0)
     stats.ttft_s = s.clock() - s.t_start
     return group
+
+
+def _forced_start(guide: ConstraintState | None, room: int) -> list[int]:
+    """The tokens the constraint allows alone from its start (none without one), advanced
+    past: they go into the prefill. An end of the answer among them stops the list there."""
+    if guide is None or room <= 0:
+        return []
+    forced = guide.forced(room)
+    guide.advance(forced)
+    return forced
 
 
 def speculative_pass(s: Decoding, runner: Runner) -> TokenGroup:

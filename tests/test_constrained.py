@@ -250,6 +250,18 @@ def test_forced_tokens_are_drafted_for_free_and_accepted(tiny_models, baselines)
     assert eng.target.tokenizer.decode(ids[:-1]) in {f"Dr. {n} has a slot on {d}." for n in ("Patel", "Chen", "Okafor") for d in ("Tuesday", "Friday")}
 
 
+def test_a_forced_opening_is_computed_with_the_prompt(tiny_models, baselines):
+    """What the constraint forces at its start goes into the prefill: the first group holds
+    it and the first token the model chose, one pass, and the tokens are the same as
+    without speculation (test_gamma0_constrained_matches_hf_generate_with_the_same_mask)."""
+    eng = load(tiny_models["target"])
+    ids, groups, stats = generate(eng, CONSTRAINTS["lark"])
+    opening = eng.grammars.start(CONSTRAINTS["lark"]).forced(16)
+    assert opening and list(groups[0].token_ids) == [*opening, ids[len(opening)]]
+    assert stats.prefilled_tokens == len(eng.encode(PROMPT)) + len(opening)
+    assert ids == baselines["target", "float32", "lark"]
+
+
 @pytest.mark.parametrize("constraint,words", [
     (Constraint("json_schema", "{not json"), "not JSON"),
     (Constraint("json_schema", "[1, 2]"), "JSON object"),

@@ -266,26 +266,26 @@ async def test_an_answer_plan_speaks_the_answer_only(store):
     assert backend.params[0].constraint.kind == "grammar"
 
 
-async def test_a_plain_question_is_answered_without_a_plan_line_or_the_slots(store):
-    """Nothing in "What time do you open on Saturday?" asks for an action: the turn is a
-    plain answer under a grammar that only keeps a plan line out (a plain question pays no
-    plan tokens), and the database is not read."""
-    backend = Recording(["We open", " at 9 a.m. on Saturday."])
+async def test_a_plain_question_has_its_answer_plan_forced_and_reads_no_slots(store):
+    """Nothing in "What time do you open on Saturday?" asks for an action: the grammar
+    forces the answer plan's line whole (the engine computes it with the prompt), and the
+    database is not read."""
+    backend = Recording(['{"act": "answer"}\nWe open', " at 9 a.m. on Saturday."])
     reads = []
     store_slots = store.open_slots
     store.open_slots = lambda: reads.append(1) or store_slots()
     result, spoken = await turn(backend, ToolBox(store, "c"), caller="What time do you open on Saturday?")
     assert spoken == ["We open at 9 a.m. on Saturday."] and reads == []
     assert backend.params[0].constraint.text == ANSWER_ONLY_GRAMMAR
-    assert result.plan == {"act": "answer", "acts": ["answer"], "planned": False, "plan_ms": result.plan["plan_ms"]}
-    assert result.written == ""  # what was written is what was said: the history needs nothing more
+    assert result.plan["act"] == "answer" and result.plan["acts"] == ["answer"] and result.plan["open_slots"] is None
+    assert result.written == '{"act": "answer"}\nWe open at 9 a.m. on Saturday.'
 
 
-async def test_a_backend_that_ignores_the_answer_only_grammar_books_nothing(store):
-    backend = Recording([plan_line("book", slot=SLOTS[1], name="Ann Lee")])
-    result, spoken = await turn(backend, ToolBox(store, "c"), caller="Is the Tuesday slot still free? I'm Ann Lee.")
+async def test_a_backend_that_ignores_the_grammar_does_no_act_the_turn_does_not_allow(store):
     from pipeline.stages.plan_step import PLAN_FAILED
 
+    backend = Recording([plan_line("book", slot=SLOTS[1], name="Ann Lee")])
+    result, spoken = await turn(backend, ToolBox(store, "c"), caller="Is the Tuesday slot still free? I'm Ann Lee.")
     assert spoken == [PLAN_FAILED] and store.bookings() == [] and result.tool_calls == []
 
 
@@ -341,8 +341,9 @@ def test_the_grammar_holds_only_the_acts_allowed():
     assert check_text(grammar, plan_line("book", slot=SLOTS[0], name="Jo Kim")) is not None
     assert check_text(grammar, plan_line("transfer")) is not None
     answer_only = Constraint.grammar(ANSWER_ONLY_GRAMMAR)
-    assert check_text(answer_only, "We open at 9 a.m.\nOn Sundays we are closed.") is None
-    assert check_text(answer_only, '{"act": "answer"}\nWe open at 9.') is not None
+    assert check_text(answer_only, '{"act": "answer"}\nWe open at 9 a.m.\nOn Sundays we are closed.') is None
+    assert check_text(answer_only, "We open at 9.") is not None
+    assert check_text(answer_only, plan_line("book", slot=SLOTS[0], name="Jo Kim")) is not None
     with pytest.raises(ValueError):
         plan_grammar(SLOTS, SLOTS, ("book",))
 

@@ -65,8 +65,8 @@ def plan_slots(store: Any) -> tuple[list[str], list[str]]:
     return store.open_slots(), [s.label for s in store.slots(only_open=False) if s.active]
 
 
-# A turn that may only answer (`allowed_acts`): free text that does not open a plan line.
-ANSWER_ONLY_GRAMMAR = "start: ANSWER\nANSWER: /[^{](.|\\n)*/\n"
+# A turn that may only answer (`allowed_acts`): the answer plan's line, forced, then the answer.
+ANSWER_ONLY_GRAMMAR = 'start: "{\\"act\\": \\"answer\\"}\\n" ANSWER\nANSWER: /(.|\\n)+/\n'
 
 # Each act's line in the grammar (Lark): the plan as the model writes it.
 _ACT_RULES = {
@@ -228,7 +228,8 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     for "Yes, what times do you have?" (booked), "So you have a table for two at 7,
     right?" (booked 7:45), "When will it be fixed?" (a message), "Once you get it back,
     when do I get my money?" (a transfer), bench quality. A turn left with "answer" alone
-    is a plain answer: it pays for no plan at all (stages/plan_step.py).
+    has its plan line forced whole (ANSWER_ONLY_GRAMMAR): the engine computes it in the
+    prompt's prefill, and no slot is read (stages/plan_step.py).
 
     Booking acts: a booking word, or (not a question) an agreement or a name, or a bare
     reply to the agent's question of a name or a choice. A message: asked for on this

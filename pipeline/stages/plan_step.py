@@ -98,10 +98,10 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
     callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
     acts = allowed_acts(caller_text, callers or [caller_text], _agent_before(messages))
     if acts == ("answer",):
-        # Nothing the caller said asks for an action: a plain answer, without a plan line, so
-        # a plain question pays nothing for the plan (no plan tokens, no slots read). The
-        # grammar only keeps the model from opening a plan anyway (the prompt and the
-        # history show it plan lines); the filter drops one from a backend that ignores it.
+        # Nothing the caller said asks for an action: the plan line is forced whole, so the
+        # engine computes it with the prompt in the prefill (llm/decoder.py first_pass) and
+        # no slot is read. Not left out: without it, under a prompt that says every reply
+        # starts with one, the 1.5B answered plain questions with the fallback.
         open_slots: list[str] | None = None
         grammar = ANSWER_ONLY_GRAMMAR
     else:
@@ -125,23 +125,20 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         return
     finally:
         answer.params = params
-    if open_slots is None:
-        result.plan = {"act": "answer", "acts": list(acts), "planned": False,
-                       "plan_ms": round((time.monotonic() - start) * 1000, 1)}
-        if filt.act not in (None, "answer") and not answer.barge_in.fired:
-            answer.line(PLAN_FAILED)  # a backend that ignored the grammar planned an action nobody asked for
-        return
     parse = parse_plan(filt.text)
     result.plan = {"act": parse.plan.act if parse.plan else None,
                    **({k: v for k, v in dataclasses.asdict(parse.plan).items() if v and k != "act"}
                       if parse.plan else {}),
-                   "acts": list(acts), "open_slots": len(open_slots), "error": parse.error,
+                   "acts": list(acts), "open_slots": None if open_slots is None else len(open_slots),
+                   "error": parse.error,
                    "line": filt.text.partition("\n")[0][:400],
                    "plan_ms": round((time.monotonic() - start) * 1000, 1)}
     if answer.barge_in.fired or result.finish_reason in ("cancelled", "error"):
         return
-    if parse.plan is None and filt.act not in (None, "answer"):
-        answer.line(PLAN_FAILED)  # an action's line left unfinished (the token budget ran out)
+    if parse.plan is None and filt.act not in (None, "answer") or parse.plan is not None and parse.plan.act not in acts:
+        # An action's line left unfinished (the token budget ran out), or one the turn does
+        # not allow (a backend that ignored the grammar): nothing is done.
+        answer.line(PLAN_FAILED)
         return
     if parse.plan is None or parse.plan.act == "answer":
         # The answer was spoken as it came (through the fact guard). The history keeps the
