@@ -229,7 +229,13 @@ HOLD_LINE = ToolsConfig().hold_line  # what a run with tools on says while a pla
 
 
 def _saved_answers():
+    """Every answer of the saved bench quality runs, scored again by today's question set
+    (a must_not added since catches what an old run let through: "being packed" of an
+    order that shipped)."""
+    from bench.quality import check, load_questions
+
     questions = {q["id"]: q for q in json.loads(QUALITY.read_text(encoding="utf-8"))["questions"]}
+    rules = {q.id: q.rules for q in load_questions(QUALITY)[0]}
     seen = set()
     for path in sorted(glob.glob(str(RESULTS / "quality-*.json"))):
         for entry in json.loads(Path(path).read_text(encoding="utf-8"))["variants"].values():
@@ -237,7 +243,8 @@ def _saved_answers():
                 q = questions.get(row["id"])
                 if q is not None and (row["id"], row["answer"]) not in seen:
                     seen.add((row["id"], row["answer"]))
-                    yield q, row
+                    v = check(row["answer"], rules[row["id"]])
+                    yield q, {**row, "correct": v.correct, "false_claim": v.false_claim}
 
 
 def test_no_false_positive_on_the_right_answers_of_bench_quality(guards):
@@ -367,3 +374,40 @@ def test_a_wrong_figure_is_corrected_by_the_fact_with_that_kind_of_figure(guards
     """"Takes one day, right?" is answered with how many days, not with the price."""
     v = guards["shop"].check("Yes.", Support.of(caller="Express shipping takes one day, right?"))
     assert not v.ok and v.correction == "Actually, express shipping takes 2 days."
+
+
+@pytest.mark.parametrize("business_key, caller, answer, why, fact", [
+    ("bistro", "Is there a fee if we bring our own bottle of wine?", "No, there is no corkage fee for that.",
+     "not free", "$15"),
+    ("shop", "Will I pay for standard shipping on that?", "No, you won't pay for standard shipping.", "not free", "$6.95"),
+])
+def test_no_fee_said_of_a_priced_item_is_a_claim_that_it_is_free(guards, business_key, caller, answer, why, fact):
+    v = guards[business_key].check(answer, Support.of(caller=caller))
+    assert not v.ok and why in v.why and fact in v.correction
+    assert ok(guards["bistro"], "The corkage fee is $15.", caller="Is there a corkage fee?")
+
+
+@pytest.mark.parametrize("caller, false, true", [
+    ("I ordered a rain jacket, order 48377. Has it shipped?", "Yes, the rain jacket has shipped.",
+     "No, it hasn't shipped yet; it ships tomorrow."),
+    ("Hi, where is my order 48213?", "Order 48213 is currently being packed.",
+     "Order 48213 has shipped with UPS and arrives Thursday by 8 p.m."),
+    ("And when will order 48213 arrive?", "The boots will arrive on Monday with UPS.", "It will arrive on Thursday by 8 p.m."),
+])
+def test_a_record_is_said_as_its_line_says(guards, caller, false, true):
+    shop = guards["shop"]
+    v = shop.check(false, Support.of(caller=caller))
+    assert not v.ok and v.correction.startswith("Actually, order 4"), v
+    assert ok(shop, true, caller=caller)
+    assert ok(shop, "Order 48213 is being delivered by UPS.", caller="Which carrier is delivering order 48213?")
+
+
+def test_a_no_to_a_wrong_claim_is_followed_by_the_fact(dental, guards):
+    turn = TurnGuard(dental, "Dr. Moreno has a slot on Thursday, right?")
+    said = turn("No, Dr. Moreno does not have a slot on Thursday.")
+    assert said.startswith("No, Dr. Moreno does not have a slot on Thursday. The open slots are:") and "Wednesday" in said
+    turn = TurnGuard(guards["bistro"], "Your big table seats twelve, right? We're a party of twelve.")
+    assert "back room" in turn("No, the big table seats up to 8 people.")
+    # A no to a right claim, or one that already says the fact, is said as it is.
+    turn = TurnGuard(dental, "You're closed on Sundays, right?")
+    assert turn("No, we're not open on Sundays.") == "No, we're not open on Sundays."

@@ -318,6 +318,7 @@ async def test_an_answer_plan_keeps_its_line_for_the_history(store):
     ("Is the Friday 9 a.m. slot still free?", "Which would you like?", ("answer",)),
     # Asked in words, agreed to, or a bare answer to the agent's question.
     ("Can I get an appointment on Monday at 9 a.m.? I'm Sara Lind.", "", ("answer", "book", "move", "cancel")),
+    ("Do you have a table for four tonight?", "", ("answer", "book", "move", "cancel")),
     ("Sorry, could we reschedule that to the Friday morning slot?", "", ("answer", "book", "move", "cancel")),
     ("Okay, the Tuesday one then.", "", ("answer", "book", "move", "cancel", "end_call")),
     ("It's Marcus Brown.", "I can book Wednesday 2:15 p.m. for you. May I have your name?",

@@ -420,7 +420,7 @@ class FactGuard:
     # -- the rules
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
-        for rule in (self._actions, self._names, self._days, self._slots, self._prices, self._figures,
+        for rule in (self._actions, self._names, self._records, self._days, self._slots, self._prices, self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
@@ -458,8 +458,9 @@ class FactGuard:
             return _OK
         for clause in _clauses(norm):
             money = _MONEY.findall(clause)
-            free = bool(re.search(r"\bfree\b|\bno charge\b|\bcosts? nothing\b", clause))
-            if not money and not free or _NEGATION.search(clause):
+            no_fee = _NO_FEE.search(clause) is not None  # "there is no corkage fee": a claim that it is free
+            free = no_fee or bool(re.search(r"\bfree\b|\bno charge\b|\bcosts? nothing\b", clause))
+            if not money and not free or _NEGATION.search(clause) and not no_fee:
                 continue
             items = self._priced_items(clause)
             if not items:
@@ -543,6 +544,34 @@ class FactGuard:
                     if not slots:
                         return Verdict(False, "no slot is open", "There are no open slots right now.")
                     return Verdict(False, "no open slot fits", "The open slots are: " + "; ".join(slots) + ".")
+        return _OK
+
+    def _records(self, norm: str, s: Support) -> Verdict:
+        """A sentence about a record the facts hold one line for (an order number, in the
+        sentence or else in the caller's line) says what that line says: a status ("shipped",
+        "packed", "delivered") only if the line has it, an arrival day only if the line's.
+        The 1.5B said order 48213 was "being packed" (that is 48377), that 48377 "has
+        shipped" (it ships tomorrow), that 48213 arrives Monday (it shipped Monday, arrives
+        Thursday): bench quality."""
+        ids = _RECORD_ID.findall(norm) or _RECORD_ID.findall(s.caller)
+        if not ids:
+            return _OK
+        for i, line in enumerate(self.book.lines):
+            if not any(re.search(rf"\b{x}\b", line) for x in ids):
+                continue
+            why = None
+            for m in _STATUS.finditer(norm):
+                status = m.group(1) or m.group(2)
+                if not re.search(rf"\b{status}\b", line) and not _negated_before(norm, m.start()):
+                    why = f"says {status!r} of a record whose line does not"
+                    break
+            arrives = {d for m in _ARRIVAL_DAY.finditer(line) for d in [m.group(1)]}
+            if why is None and arrives:
+                wrong = [m.group(1) for m in _ARRIVAL_DAY.finditer(norm) if m.group(1) not in arrives]
+                if wrong:
+                    why = f"says it arrives on {wrong[0]}, its line says {sorted(arrives)[0]}"
+            if why is not None:
+                return Verdict(False, why, _actually(self.book.said[i]))
         return _OK
 
     def _names(self, norm: str, s: Support) -> Verdict:
@@ -670,6 +699,12 @@ def _object_words(text: str) -> set[str]:
     return topic_words(text[: m.start()] if m else text) - _CALLER_WORDS - {_stem(w) for w in _OFFER_VERBS}
 
 
+# A record's number ("order 48213"): five digits or more, standing alone.
+_RECORD_ID = re.compile(r"(?<![\w.-])(\d{5,})(?![\w-]|\.\d)")
+# A status said as done or under way ("has shipped", "being packed"), not as to come ("will be shipped").
+_STATUS = re.compile(r"\b(?:(?:has|have|had|was|were|already|got)(?: been| already)? (shipped|delivered|arrived|dispatched|"
+                     r"refunded|returned|packed|processed)|being (packed|processed))\b")
+_ARRIVAL_DAY = re.compile(r"\b(?:arriv\w*|deliver\w*|get there|reach you)\b(?: \w+){0,2}? (?:on |by )?" + _DAY_NAME)
 # A caller's yes-no question, up to what it asks about ("do you have", "can I", "is there").
 _ASKS_WHETHER = re.compile(
     r"^(?:(?:so|and|but|also|um|hmm|great|ok|okay|well|oh|hi|hello|sorry)[ ,]+)*(?:do|does|can|could|will|would|is|are)"
@@ -684,6 +719,10 @@ _NOT_OFFERED = re.compile(r"\bwe (?:do not|don't|does not|doesn't) (?:currently 
                           r"serve|accept|take|do)\b|\bthere (?:is|are) no\b")
 
 
+# "No fee", "you won't pay", "doesn't cost anything": said of a priced item, a claim it is free
+# (bench quality: "No, there is no corkage fee" where corkage is $15).
+_NO_FEE = re.compile(r"\bno (?:\w+ )?(?:fee|charge|cost)s?\b|\b(?:don't|do not|won't|will not|doesn't|does not|didn't)"
+                     r" (?:have to |need to )?(?:pay|cost|charge)\b|\bnothing to pay\b")
 _CONDITIONAL = re.compile(r"\b(?:waived|free)\b")
 
 
@@ -767,6 +806,9 @@ def _split_fixed(text: str) -> list[str]:
 # ---------------------------------------------------------------- one turn
 
 
+_DENIES = re.compile(r"^(?:no|nope|not quite|not really|that's not|that is not|actually|unfortunately|sorry)\b")
+
+
 class TurnGuard:
     """The guard over one turn's sentences, as they come: `sentence -> what to say` (the
     sentence, a correction, the fallback, or None: nothing, when a correction or the
@@ -806,6 +848,15 @@ class TurnGuard:
             if not premise.ok and premise.correction:
                 v = Verdict(False, f"the caller's claim is wrong ({premise.why.removeprefix('agrees with ')}): "
                                    "correct it rather than say the fallback", premise.correction)
+        if v.ok and first and _DENIES.match(normalize(sentence)):
+            # "No, Dr. Moreno has no slot on Thursday." is true, and the caller still does not
+            # know what there is: the fact that contradicts their claim follows it (bench
+            # quality: the Wednesday slot, the back room for twelve).
+            premise = self.guard.check("yes", self.support())
+            fact = premise.correction
+            if not premise.ok and fact and not topic_words(normalize(fact)) <= topic_words(normalize(sentence)):
+                self.said.append(fact)
+                return f"{sentence} {fact}"
         if v.ok:
             return sentence
         correction = v.correction

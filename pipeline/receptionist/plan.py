@@ -216,6 +216,10 @@ _AGREES = re.compile(
 # The agent's last line asked the caller to choose or to give a name ("May I have your
 # name?", "Which would you like?"): a bare answer to it ("It's Marcus Brown.") completes a booking.
 _AGENT_ASKED = re.compile(r"\b(?:name|which|would you like|book|slot)\b[^.!]*\?", re.IGNORECASE)
+# "Do you have a table for four tonight?": asking for a table is asking to book one; "So you
+# have a table for two at 7, right?" checks a claim (answered, bench quality).
+_ASKS_FOR_A_TABLE = re.compile(r"\btable for\b", re.IGNORECASE)
+_CHECKS_A_CLAIM = re.compile(r"\b(?:right|correct|true|isn't it|aren't you|don't you|didn't you)\s*\?", re.IGNORECASE)
 _GOODBYE = re.compile(
     r"\b(?:bye|goodbye|good night|that'?s all|that is all|that'?s it|nothing else|hang up|thanks|thank you|"
     r"call (?:back|again)|another time|have a (?:good|nice|great))\b", re.IGNORECASE)
@@ -238,8 +242,8 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     lines = caller_lines if caller_lines is not None else [caller_text]
     question = "?" in caller_text
     acts = ["answer"]
-    if _ASKS_TO_BOOK.search(caller_text) or (not question and (
-            _AGREES.search(caller_text) or _AGENT_ASKED.search(agent_before))):
+    if _ASKS_TO_BOOK.search(caller_text) or (_ASKS_FOR_A_TABLE.search(caller_text) and not _CHECKS_A_CLAIM.search(
+            caller_text)) or (not question and (_AGREES.search(caller_text) or _AGENT_ASKED.search(agent_before))):
         acts += ["book", "move", "cancel"]
     if _ASKS_FOR_A_MESSAGE.search(" ".join([*lines[-2:], caller_text])):
         acts.append("message")
