@@ -32,7 +32,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -340,6 +340,7 @@ class SpeculativeEngine:
         # A constraint compiles before anything runs: a bad one is an error with no token out.
         guide = self.grammars.start(params.constraint) if params.constraint is not None else None
         conv = conversation or self.new_conversation(params.seed)
+        prompt = realign(conv.seq.tokens, prompt, self.target.tokenizer.decode)
         self._adopt_prefix(conv, prompt)
         stats = GenerationStats()
         conv.last_stats = stats
@@ -360,6 +361,32 @@ class SpeculativeEngine:
         groups = list(self.stream(prompt, params, conv))
         ids = [t for g in groups for t in g.token_ids]
         return ids, groups, conv.last_stats
+
+
+def realign(cached: list[int], prompt: list[int], decode: Callable[[list[int]], str]) -> list[int]:
+    """`prompt` with the conversation's cached tokens in place of a re-encoding of the same
+    text. A turn's prompt renders the previous answer as text, and the tokenizer may split
+    that text otherwise than the model wrote it ("1 p.m." written as other tokens than it
+    encodes to): the cache then parts from the prompt inside the answer, and the answer and
+    everything after it would be computed again (18 of 35 prefilled tokens of a turn, the
+    default 1.5B, `specvoice chat`). When the cache's tail and the prompt's next tokens
+    decode to the same text, the prompt reads the tokens the model wrote, which the cache
+    holds. Otherwise (a history trimmed, a message rendered otherwise) it is left as it is."""
+    k = common_prefix(cached, prompt)
+    if k == len(cached) or k == 0:
+        return prompt
+    tail = decode(cached[k:])
+    if not tail or "\ufffd" in tail:
+        return prompt  # bytes that are not text: equal text would not mean equal bytes
+    for j in range(k + 1, len(prompt) + 1):
+        text = decode(prompt[k:j])
+        if text == tail:
+            return [*cached, *prompt[j:]]
+        if text.endswith("\ufffd") and len(text) <= len(tail):
+            continue  # a character cut in the middle: the next token finishes it
+        if len(text) > len(tail) or not tail.startswith(text):
+            break  # past it, or not the same text
+    return prompt
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

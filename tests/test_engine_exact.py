@@ -231,3 +231,32 @@ def test_plain_float_gemm_is_not_assumed_invariant():
     int8 = Linear(torch.randn(4096, 1024), None, "int8", torch.float32)
     assert torch.equal(int8(x), torch.cat([int8(x[i : i + 1]) for i in range(8)]))
     assert diff < 1e-3  # close, just not guaranteed bitwise: recorded, not relied on
+
+
+def test_a_turn_reads_the_previous_answer_as_the_tokens_the_model_wrote(tiny_models):
+    """The next turn's prompt renders the answer as text, whose encoding may differ from the
+    tokens the model wrote: those (in the cache) are kept, and only what is new is
+    prefilled; the tokens are those of a fresh prefill of that same sequence."""
+    from llm.engine import realign
+
+    eng = engine(tiny_models["target"])
+    decode = eng.target.tokenizer.decode
+    conv = eng.new_conversation()
+    p1 = eng.encode(PROMPTS[0])
+    text = " We open at nine on Saturday."
+    written = [t for ch in text for t in eng.encode(ch)]  # the same text, one character a token
+    canonical = eng.encode(text)
+    assert canonical != written and decode(written) == decode(canonical) == text
+    eng.generate(p1 + written, SamplingParams(max_new_tokens=1), conv)  # the cache holds p1 + written
+    new = eng.encode(" And on Sunday?")
+    p2 = p1 + canonical + new
+    assert realign(p1 + written, p2, decode) == p1 + written + new
+    ids2, _, s2 = eng.generate(p2, SamplingParams(max_new_tokens=16), conv)
+    assert s2.prefilled_tokens == len(new)
+    fresh, _, _ = engine(tiny_models["target"]).generate(p1 + written + new, SamplingParams(max_new_tokens=16))
+    assert ids2 == fresh
+    # Text that differs, or bytes that are not text, are left alone: prefilled from where they part.
+    other = p1 + eng.encode(" Something else entirely.")
+    assert realign(p1 + written, other, decode) == other
+    broken = [t for t in range(eng.target.model.args.vocab_size) if "\ufffd" in decode([t])][:2]
+    assert broken and realign(p1 + broken, p1 + canonical, decode) == p1 + canonical
