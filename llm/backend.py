@@ -34,6 +34,7 @@ class SpeculativeBackend:
         # list every turn, so the system block, and its cached K/V, stay the same).
         self.tools = tools
         self.last_tool_parse = None  # calls are written as text here: the respond stage parses them
+        self.prefills = True  # the engine ends the prompt with a reply's given start
 
     @property
     def last_stats(self) -> GenerationStats | None:

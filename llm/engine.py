@@ -311,7 +311,13 @@ class SpeculativeEngine:
         """The prompt's token ids. `tools` (OpenAI "tools" entries) are rendered by the
         target's own chat template (Qwen2.5: into the system block, so a system prompt's
         K/V warmed with the same tools is still a prefix of every turn's prompt). Messages
-        are OpenAI-shaped: assistant `tool_calls` with JSON-string arguments, role "tool"."""
+        are OpenAI-shaped: assistant `tool_calls` with JSON-string arguments, role "tool".
+        A last assistant message marked `"prefix": True` is the start of the reply: the
+        prompt ends with its text, and the model writes what follows (a turn plan's
+        '{"act": "answer"}' line, which is the product's, not the model's choice)."""
+        if messages and messages[-1].get("role") == "assistant" and messages[-1].get("prefix"):
+            start = messages[-1].get("content") or ""
+            return self.chat_prompt(messages[:-1], True, tools) + (self.encode(start) if start else [])
         tok = self.target.tokenizer
         if getattr(tok, "chat_template", None):
             out = tok.apply_chat_template(template_messages(messages), tools=tools or None,

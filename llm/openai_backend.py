@@ -92,6 +92,9 @@ class OpenAIChatBackend:
         # The latest stream()'s tool calls from `delta.tool_calls`, once it finished; None
         # when the server sent none (or the stream was cancelled before the end).
         self.last_tool_parse: ToolCallParse | None = None
+        # A reply's start is not sent as a prefill (servers differ: vLLM's continue_final_message,
+        # llama.cpp's trailing assistant message); a turn plan forces it with a grammar instead.
+        self.prefills = False
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None or self._client.is_closed:

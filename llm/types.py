@@ -166,10 +166,14 @@ class LLMBackend(Protocol):
     Tools: `tools` is the OpenAI tool schemas the backend puts in every prompt (None: no
     tools); `last_tool_parse` the calls a server parsed itself in the last answer (OpenAI
     `tool_calls`, llm/openai_backend.py), None where calls are written as text.
+
+    `prefills`: the reply can be started with a given text, computed with the prompt (a
+    last assistant message marked `"prefix": True`; llm.engine.SpeculativeEngine.chat_prompt).
     """
 
     tools: list[dict] | None
     last_tool_parse: ToolCallParse | None
+    prefills: bool
 
     def stream(
         self, messages: list[dict], params: SamplingParams, cancel: asyncio.Event | threading.Event | None = None

@@ -133,6 +133,7 @@ class ScriptedBackend:
         self.last_stats = None  # a script has no passes to count
         self.tools = None  # no tool schemas in its prompts
         self.last_tool_parse = None  # calls, if any, are written as text
+        self.prefills = False  # a plan's answer line comes as a grammar (the script writes it)
         self.state: ConversationState | None = ConversationState()  # stands for a conversation's KV cache
 
     async def aclose(self) -> None:
@@ -170,6 +171,10 @@ class WrappedBackend:
     @property
     def last_tool_parse(self):
         return self.inner.last_tool_parse
+
+    @property
+    def prefills(self):
+        return self.inner.prefills
 
     @property
     def last_stats(self):

@@ -422,6 +422,7 @@ class SpyBackend:
         self.fail_after = fail_after
         self.last_stats = None
         self.tools = self.last_tool_parse = None
+        self.prefills = False
 
     async def aclose(self) -> None:
         return None

@@ -281,6 +281,38 @@ async def test_a_plain_question_has_its_answer_plan_forced_and_reads_no_slots(st
     assert result.written == '{"act": "answer"}\nWe open at 9 a.m. on Saturday.'
 
 
+async def test_a_backend_that_prefills_gets_the_answer_line_as_the_start_of_the_reply(store):
+    """The in-process engine starts the reply with the plan line itself: the prompt ends
+    with it and the model writes free text after it (no grammar, nothing masked)."""
+    from pipeline.receptionist.plan import ANSWER_LINE
+
+    backend = Recording(["We open", " at 9 a.m. on Saturday."])
+    backend.prefills = True
+    seen: list[list[dict]] = []
+    real = backend.stream
+
+    def stream(messages, params, cancel=None):
+        seen.append(messages)
+        return real(messages, params, cancel)
+
+    backend.stream = stream
+    result, spoken = await turn(backend, ToolBox(store, "c"), caller="What time do you open on Saturday?")
+    assert spoken == ["We open at 9 a.m. on Saturday."] and backend.params[0].constraint is None
+    assert seen[0][-1] == {"role": "assistant", "content": ANSWER_LINE, "prefix": True}
+    assert result.plan["act"] == "answer" and result.plan["error"] is None
+    assert result.written == ANSWER_LINE + "We open at 9 a.m. on Saturday."
+
+
+def test_the_engine_ends_the_prompt_with_a_replys_given_start(tiny_models):
+    from llm.engine import SpeculativeEngine
+    from pipeline.receptionist.plan import ANSWER_LINE
+
+    eng = SpeculativeEngine.load(tiny_models["target"], None, drafter="none", gamma=0, dtype="float32")
+    messages = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "Open Saturday?"}]
+    start = {"role": "assistant", "content": ANSWER_LINE, "prefix": True}
+    assert eng.chat_prompt([*messages, start]) == eng.chat_prompt(messages) + eng.encode(ANSWER_LINE)
+
+
 async def test_a_backend_that_ignores_the_grammar_does_no_act_the_turn_does_not_allow(store):
     from pipeline.stages.plan_step import PLAN_FAILED
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from pipeline.receptionist.business import DAYS
 
-__all__ = ["ACTS", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
+__all__ = ["ACTS", "ANSWER_LINE", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
            "parse_plan", "plan_grammar", "plan_prompt", "plan_slots"]
 
 # The acts, in the order the prompt lists them. "answer": a question, answered from the facts.
@@ -65,7 +65,10 @@ def plan_slots(store: Any) -> tuple[list[str], list[str]]:
     return store.open_slots(), [s.label for s in store.slots(only_open=False) if s.active]
 
 
-# A turn that may only answer (`allowed_acts`): the answer plan's line, forced, then the answer.
+# The answer plan's line, as a turn that may only answer starts (`allowed_acts`): the prompt
+# ends with it where the backend can start a reply (LLMBackend.prefills), else the grammar
+# below forces it.
+ANSWER_LINE = '{"act": "answer"}\n'
 ANSWER_ONLY_GRAMMAR = 'start: "{\\"act\\": \\"answer\\"}\\n" ANSWER\nANSWER: /(.|\\n)+/\n'
 
 # Each act's line in the grammar (Lark): the plan as the model writes it.
@@ -232,8 +235,8 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     for "Yes, what times do you have?" (booked), "So you have a table for two at 7,
     right?" (booked 7:45), "When will it be fixed?" (a message), "Once you get it back,
     when do I get my money?" (a transfer), bench quality. A turn left with "answer" alone
-    has its plan line forced whole (ANSWER_ONLY_GRAMMAR): the engine computes it in the
-    prompt's prefill, and no slot is read (stages/plan_step.py).
+    starts with the answer plan's line as given (ANSWER_LINE: in the prompt, or forced by
+    ANSWER_ONLY_GRAMMAR), and no slot is read (stages/plan_step.py).
 
     Booking acts: a booking word, or (not a question) an agreement or a name, or a bare
     reply to the agent's question of a name or a choice. A message: asked for on this

@@ -25,8 +25,8 @@ from llm.tool_calls import ToolCallParse
 from llm.types import Constraint
 from pipeline.events import ToolResult
 from pipeline.ports import ToolRunner
-from pipeline.receptionist.plan import (ANSWER_ONLY_GRAMMAR, Outcome, act, allowed_acts, parse_plan, plan_grammar,
-                                        plan_slots)
+from pipeline.receptionist.plan import (ANSWER_LINE, ANSWER_ONLY_GRAMMAR, Outcome, act, allowed_acts, parse_plan,
+                                        plan_grammar, plan_slots)
 from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
@@ -97,19 +97,25 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
     start = time.monotonic()
     callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
     acts = allowed_acts(caller_text, callers or [caller_text], _agent_before(messages))
+    filt = PlanFilter()
+    constraint: Constraint | None = None
     if acts == ("answer",):
-        # Nothing the caller said asks for an action: the plan line is forced whole, so the
-        # engine computes it with the prompt in the prefill (llm/decoder.py first_pass) and
-        # no slot is read. Not left out: without it, under a prompt that says every reply
-        # starts with one, the 1.5B answered plain questions with the fallback.
+        # Nothing the caller said asks for an action: the plan line is ours to write, not the
+        # model's to choose. The prompt ends with it (a backend that prefills: the model
+        # writes free text after it, unmasked, drafted as any answer), else a grammar forces
+        # it. No slot is read. Not left out: under a prompt that says every reply starts
+        # with a plan, the 1.5B answered plain questions with the fallback without one.
         open_slots: list[str] | None = None
-        grammar = ANSWER_ONLY_GRAMMAR
+        if answer.backend.prefills:
+            filt.feed(ANSWER_LINE)
+            messages = [*messages, {"role": "assistant", "content": ANSWER_LINE, "prefix": True}]
+        else:
+            constraint = Constraint.grammar(ANSWER_ONLY_GRAMMAR)
     else:
         open_slots, all_slots = await asyncio.to_thread(plan_slots, store)
-        grammar = plan_grammar(open_slots, all_slots, acts)
-    filt = PlanFilter()
+        constraint = Constraint.grammar(plan_grammar(open_slots, all_slots, acts))
     params = answer.params
-    answer.params = dataclasses.replace(params, constraint=Constraint.grammar(grammar))
+    answer.params = dataclasses.replace(params, constraint=constraint)
     try:
         await answer.round(messages, filt)
     except asyncio.CancelledError:
