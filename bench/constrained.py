@@ -144,10 +144,13 @@ def run_mode(engine, task: Task, mode: str, max_new: int, slots: list[str]) -> d
     prompt = task.prompt[: len(task.prompt) - task.opener] if mode == "call_drafter" else task.prompt
     t0 = time.perf_counter()
     times, ids, text = [], [], []
+    opening = None
     for g in engine.stream(prompt, params, conv):
         times.append(time.perf_counter())
         ids.extend(g.token_ids)
         text.append(g.text)
+        if opening is None:  # what the constraint forces at its start comes with the first token
+            opening = max(len(g.token_ids) - 1, 0)
     s = conv.last_stats
     written = "".join(text).strip()
     if mode == "call_drafter":
@@ -156,7 +159,7 @@ def run_mode(engine, task: Task, mode: str, max_new: int, slots: list[str]) -> d
     passes = max(s.passes - 1, 1)  # passes after the first token (prefill is not a verify)
     return {
         "mode": mode, "task": task.id, "kind": task.kind, "ids": ids, "text": written,
-        "tokens": len(ids), "passes": s.passes, "tokens_per_pass": round(s.tokens_per_pass, 3),
+        "tokens": len(ids), "passes": s.passes, "tokens_per_pass": round(s.tokens_per_pass, 3), "opening": opening or 0,
         "tokens_per_s": round((len(ids) - 1) / decode_s, 3) if decode_s > 0 else None,
         "total_s": round(time.perf_counter() - t0, 4), "forced": s.forced_tokens,
         "mask_ms_per_pass": round(1e3 * s.mask_s / passes, 4) if params.constraint else None,
