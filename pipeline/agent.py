@@ -233,10 +233,10 @@ class AgentModels:
             # vocabulary) and the grammar of today's slots, built now rather than inside the
             # first caller's silence (the grammar is cached while the slots stay the same).
             from llm.types import Constraint
-            from pipeline.receptionist.plan import ANSWER_ONLY_GRAMMAR, plan_grammar, plan_slots
+            # (A turn that may only answer needs no grammar here: the engine prefills its line.)
+            from pipeline.receptionist.plan import plan_grammar, plan_slots
 
             self.engine.grammars.compile(Constraint.grammar(plan_grammar(*plan_slots(self.bookings))))
-            self.engine.grammars.compile(Constraint.grammar(ANSWER_ONLY_GRAMMAR))
 
     def new_backend(self, config: Config | None = None) -> LLMBackend:
         """A fresh LLM backend for one call (its own conversation state)."""

@@ -532,7 +532,7 @@ def test_warming_the_models_compiles_the_plan_grammar_of_todays_slots(tiny_model
     engine = load_engine(cfg.llm)
     models = AgentModels(cfg, None, None, None, engine, bookings=store)
     models.warm()
-    grammars = [Constraint.grammar(plan_grammar(store.open_slots(), SLOTS)), Constraint.grammar(ANSWER_ONLY_GRAMMAR)]
+    grammars = [Constraint.grammar(plan_grammar(store.open_slots(), SLOTS))]
     assert list(engine.grammars.compile_s) == grammars  # compiled once, at warm-up
     engine.grammars.start(grammars[0])
     assert list(engine.grammars.compile_s) == grammars
