@@ -239,7 +239,7 @@ def first_pass(s: Decoding, runner: Runner) -> TokenGroup:
 
 def _forced_start(guide: ConstraintState | None, room: int) -> list[int]:
     """The tokens the constraint allows alone from its start (none without one), advanced
-    past: they go into the prefill. An end of the answer among them stops the list there."""
+    past: they go into the prefill (an end of the answer among them ends it in `emit`)."""
     if guide is None or room <= 0:
         return []
     forced = guide.forced(room)

@@ -231,9 +231,9 @@ class AgentModels:
         if self.config.tools.plan and self.bookings is not None:
             # The plan's constraint: llguidance's tokenizer (about a second for a 150k
             # vocabulary) and the grammar of today's slots, built now rather than inside the
-            # first caller's silence (the grammar is cached while the slots stay the same).
+            # first caller's silence (the grammar is cached while the slots stay the same). A
+            # turn that may only answer needs no grammar here: the engine prefills its line.
             from llm.types import Constraint
-            # (A turn that may only answer needs no grammar here: the engine prefills its line.)
             from pipeline.receptionist.plan import plan_grammar, plan_slots
 
             self.engine.grammars.compile(Constraint.grammar(plan_grammar(*plan_slots(self.bookings))))

@@ -367,6 +367,9 @@ class Support:
     topics: set[str] = field(default_factory=set)  # every topic word of results and slots
     days: set[int] = field(default_factory=set)  # weekdays results and slots name
     caller_digits: str = ""
+    # What the caller's yes-no question asks about that no fact names ("" none; None: not
+    # looked at yet): FactGuard._unknown_subject fills it at its first sentence.
+    asked: str | None = None
 
     @classmethod
     def of(cls, tool_calls: Iterable[dict] = (), slots: Sequence[str] | None = None, caller: str = "",
@@ -392,7 +395,6 @@ class FactGuard:
     def __init__(self, business: BusinessConfig):
         self.book = FactBook.build(business)
         self._fallback_norm = {normalize(s) for s in _split_fixed(self.book.fallback)}
-        self._asked: dict[tuple[str, frozenset[str]], str] = {}  # a turn's caller line -> what it asks the facts lack
 
     def is_fallback(self, sentence: str) -> bool:
         """One of the fallback's sentences, or the whole of it."""
@@ -648,10 +650,9 @@ class FactGuard:
         of bench quality's twenty such questions."""
         if not s.caller or _HEDGE.search(norm):
             return _OK
-        key = (s.caller, frozenset(s.topics))
-        if key not in self._asked:
-            self._asked[key] = self._asked_unknown(s)
-        unknown = self._asked[key]
+        if s.asked is None:  # once per turn state, not per sentence
+            s.asked = self._asked_unknown(s)
+        unknown = s.asked
         if unknown:
             return Verdict(False, f"answers what the facts do not say: {unknown}")
         return _OK

@@ -69,11 +69,11 @@ def plan_slots(store: Any) -> tuple[list[str], list[str]]:
 # ends with it where the backend can start a reply (LLMBackend.prefills), else the grammar
 # below forces it.
 ANSWER_LINE = '{"act": "answer"}\n'
-ANSWER_ONLY_GRAMMAR = 'start: "{\\"act\\": \\"answer\\"}\\n" ANSWER\nANSWER: /(.|\\n)+/\n'
+_ANSWER_TEXT = 'ANSWER: /(.|\\n)+/'  # the answer after its line: free text
 
 # Each act's line in the grammar (Lark): the plan as the model writes it.
 _ACT_RULES = {
-    "answer": '"{\\"act\\": \\"answer\\"}\\n" ANSWER',
+    "answer": json.dumps(ANSWER_LINE) + " ANSWER",
     "book": '"{\\"act\\": \\"book\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
     "move": '"{\\"act\\": \\"move\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
     "cancel": '"{\\"act\\": \\"cancel\\", \\"slot\\": " SLOT ", \\"name\\": " NAME "}"',
@@ -81,6 +81,7 @@ _ACT_RULES = {
     "transfer": '"{\\"act\\": \\"transfer\\"}"',
     "end_call": '"{\\"act\\": \\"end_call\\"}"',
 }
+ANSWER_ONLY_GRAMMAR = f"start: {_ACT_RULES['answer']}\n{_ANSWER_TEXT}\n"
 
 
 def plan_grammar(open_slots: list[str], all_slots: list[str], acts: tuple[str, ...] = ACTS) -> str:
@@ -96,7 +97,7 @@ def plan_grammar(open_slots: list[str], all_slots: list[str], acts: tuple[str, .
         raise ValueError(f"acts must include 'answer' and come from {ACTS}; got {acts}")
     slots = list(dict.fromkeys([*open_slots, *all_slots]))
     lines = ["start: " + "\n     | ".join(_ACT_RULES[a] for a in ACTS if a in acts),
-             'ANSWER: /(.|\\n)+/',
+             _ANSWER_TEXT,
              # No quote, backslash or control character: the value is a JSON string as written.
              # No length bound in the grammar: "{0,40}" made llguidance's lexer give up
              # (ParserTooComplex) mid-name on the 1.5B's vocabulary (bench tools); the

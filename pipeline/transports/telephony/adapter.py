@@ -114,7 +114,7 @@ class NoTransferLine:
 
     def __init__(self, toolbox: ToolRunner):
         self.toolbox = toolbox
-        self.store, self.call_id = toolbox.store, toolbox.call_id  # the same database, the same call  # the same database, the same call
+        self.store, self.call_id = toolbox.store, toolbox.call_id  # the same database, the same call
 
     def open_slots(self) -> list[str] | None:
         return self.toolbox.open_slots()
