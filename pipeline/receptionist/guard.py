@@ -567,7 +567,7 @@ class FactGuard:
                 if not re.search(rf"\b{status}\b", line) and not _negated_before(norm, m.start()):
                     why = f"says {status!r} of a record whose line does not"
                     break
-            arrives = {d for m in _ARRIVAL_DAY.finditer(line) for d in [m.group(1)]}
+            arrives = {m.group(1) for m in _ARRIVAL_DAY.finditer(line)}
             if why is None and arrives:
                 wrong = [m.group(1) for m in _ARRIVAL_DAY.finditer(norm) if m.group(1) not in arrives]
                 if wrong:
@@ -618,7 +618,7 @@ class FactGuard:
         """"Yes" to a claim or a yes-no question agrees with what the caller said."""
         if not _AGREE.match(norm) or not s.caller:
             return _OK
-        said = [x for x in re.split(r"(?<=[.!?])\s+", s.caller) if x]
+        said = _said_sentences(s.caller)
         tagged = [i for i, x in enumerate(said) if _TAG.search(x)]
         if tagged:
             # "I'd like Monday morning. You have that open, right?": the claim and what it points at.
@@ -660,7 +660,7 @@ class FactGuard:
     def _asked_unknown(self, s: Support) -> str:
         """What the caller's last yes-no question asks about, as they said it, when most of
         its words are in no fact (nor tool result, nor open slot); "" otherwise."""
-        questions = [x for x in re.split(r"(?<=[.!?])\s+", s.caller) if x.endswith("?")]
+        questions = [x for x in _said_sentences(s.caller) if x.endswith("?")]
         if not questions:
             return ""
         q = questions[-1].rstrip(" ?")
@@ -727,6 +727,11 @@ _NO_FEE = re.compile(r"\bno (?:\w+ )?(?:fee|charge|cost)s?\b|\b(?:don't|do not|w
 _CONDITIONAL = re.compile(r"\b(?:waived|free)\b")
 
 
+def _said_sentences(text: str) -> list[str]:
+    """A caller's line (normalised) cut after each full stop, question or exclamation mark."""
+    return [x for x in re.split(r"(?<=[.!?])\s+", text) if x]
+
+
 def _condition_said(value: str, sentence: str) -> bool:
     """A price with a condition ("$49, waived for Plus and Gigabit customers"; "free over $50,
     otherwise $6.95") is said with it: the sentence says "waived" / "free", or names the
@@ -736,9 +741,7 @@ def _condition_said(value: str, sentence: str) -> bool:
         return True
     if _CONDITIONAL.search(sentence) or re.search(r"\b(?:no charge|unless|except|otherwise)\b", sentence):
         return True
-    condition = value[m.end():].split(",")[0]
-    return bool(topic_words(condition) & topic_words(sentence)
-                or set(figures(condition)) & set(figures(sentence)))
+    return _names_condition(value[m.end():].split(",")[0], sentence)
 
 
 def _free(value: str, clause: str) -> bool:
@@ -751,7 +754,13 @@ def _free(value: str, clause: str) -> bool:
     condition = (m.group(1) or m.group(2) or "").split(",")[0]
     if not re.search(r"\b(?:over|above|for|with|when|if|on orders|from)\b", condition):
         return True
-    return bool(topic_words(condition) & topic_words(clause) or set(figures(condition)) & set(figures(clause)))
+    return _names_condition(condition, clause)
+
+
+def _names_condition(condition: str, text: str) -> bool:
+    """`text` names a price's condition ("Plus and Gigabit customers", "over $50"): a word
+    or a figure of it."""
+    return bool(topic_words(condition) & topic_words(text) or set(figures(condition)) & set(figures(text)))
 
 
 def _as_said(stems: list[str], text: str) -> str:
