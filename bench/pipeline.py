@@ -28,7 +28,7 @@ Piper into WAV files first. The two runs share the machine, so compare them toge
 
 With --turn-modes it compares how the caller's turn ends instead (the config's
 speculation in every run), one call per mode over the same lines, side by side
-(a comma list, or "all" for the four):
+(a comma list, or "all" for every one):
   baseline       today's default: the endpointer's silence (vad.end_silence_ms) ends
                  every turn, Whisper runs after it (stt.streaming off); "silence" is an
                  alias
@@ -38,7 +38,14 @@ speculation in every run), one call per mode over the same lines, side by side
                  off, stt.streaming off)
   preemptive     all three: smart_turn, the LLM starts while an "incomplete" pause waits
                  (kept only when the turn ends on that same audio: token-identical), and
-                 streaming STT
+                 streaming STT (Whisper)
+  silence_preemptive
+                 the default config's: silence endpointing (vad.end_silence_ms), the
+                 config's STT at every 200 ms pause and the LLM started there (kept when
+                 the turn ends on that same audio)
+  smart_preemptive
+                 Smart Turn, the config's STT and the LLM started at every pause beside
+                 the model's decision (a "complete" keeps it at once), no streaming STT
 The default lines (15; or --wav files): 5 receptionist questions, 6 lines spoken with a
 --pause-ms pause (default 700 ms) after words that cannot end a turn ("Do you accept |
 Delta Dental insurance?"), and 4 lines the caller trails off at. Every third line
@@ -77,7 +84,7 @@ TRAILING = [
     "My insurance is with Aetna, but",
     "So the cleaning would be on Friday then, and",
 ]
-TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive")
+TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive")
 MODE_ALIASES = {"silence": "baseline"}  # the old name (README commands)
 # Each mode's turn ending and STT: config.turn fields, and stt.streaming.
 MODE_SETTINGS = {
@@ -85,6 +92,8 @@ MODE_SETTINGS = {
     "streaming_stt": ({"mode": "silence", "preemptive": False}, True),
     "smart_turn": ({"mode": "smart_turn", "preemptive": False}, False),
     "preemptive": ({"mode": "smart_turn", "preemptive": True}, True),
+    "silence_preemptive": ({"mode": "silence", "preemptive": True}, False),
+    "smart_preemptive": ({"mode": "smart_turn", "preemptive": True}, False),
 }
 OTHER_VOICE_EVERY = 3  # default lines: every third one spoken by espeak-ng, not Piper
 ESPEAK = "espeak-ng"
@@ -162,7 +171,7 @@ def _summary(report: dict) -> dict:
 
 def parse_turn_modes(text: str | None) -> tuple[list[str], list[str]]:
     """--turn-modes -> (modes in order, without repeats, aliases resolved; unknown names).
-    "all" stands for the four modes."""
+    "all" stands for every mode."""
     modes, unknown = [], []
     for name in (m.strip() for m in (text or "").split(",")):
         if not name:

@@ -96,13 +96,15 @@ def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | N
 
 
 def endpoint_config(config: Config, end_of_turn_model: bool = False) -> EndpointConfig:
-    """The config's [vad] section in the endpointer's terms. With an end-of-turn model the
-    endpointer declares *pauses* (turn.pause_ms); the turn-taker decides turns."""
+    """The config's [vad] section in the endpointer's terms. With an end-of-turn model, or
+    a call that answers at pauses (turn.preempts), the endpointer declares *pauses*
+    (turn.pause_ms); the turn-taker decides turns."""
     v = config.vad
+    pauses = end_of_turn_model or (config.turn.preempts and config.turn.pause_ms < v.end_silence_ms)
     return EndpointConfig(
         threshold=v.threshold,
         min_speech_ms=float(v.start_ms),
-        min_silence_ms=float(config.turn.pause_ms if end_of_turn_model else v.end_silence_ms),
+        min_silence_ms=float(config.turn.pause_ms if pauses else v.end_silence_ms),
         pre_roll_ms=float(v.preroll_ms),
         max_utterance_s=v.max_utterance_s,
     )
@@ -304,7 +306,11 @@ def turn_taker(config: Config, model: EndOfTurnModel | None, executor: Executor 
     t = config.turn
     policy = TurnPolicy(check_silence_s=t.pause_ms / 1000, threshold=t.threshold,
                         max_silence_s=t.max_silence_ms / 1000)
-    return TurnTaker(model, policy, max_turn_s=t.max_turn_s, executor=executor)
+    # Silence mode that answers at pauses: the pauses are the endpointer's (pause_ms), the
+    # turn's end is still vad.end_silence_ms of silence.
+    end_silence_s = (config.vad.end_silence_ms / 1000 if model is None and t.preempts
+                     and t.pause_ms < config.vad.end_silence_ms else None)
+    return TurnTaker(model, policy, max_turn_s=t.max_turn_s, executor=executor, end_silence_s=end_silence_s)
 
     def describe(self) -> dict[str, Any]:
         return {"load_s": {k: round(v, 2) for k, v in self.load_s.items()}}

@@ -13,6 +13,7 @@ event on `Call.events` (pipeline/events.py). The README walks one caller frame t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -21,6 +22,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
+from llm.types import SamplingParams
 
 from pipeline.agent import ModelSet, call_ports, chars_token_count, sampling_params, turn_taker, voice_executor
 from pipeline.config import Config
@@ -34,6 +36,7 @@ from pipeline.receptionist.prompt import system_prompt
 from pipeline.report import CallReport, finish_report
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.listen import Keypad, listen
+from pipeline.stages.plan_step import plan_request
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
 from pipeline.stages.transcript import Transcript, TranscriptSources
@@ -93,7 +96,10 @@ class Call:
         # Preemptive answers while the caller pauses, streaming STT while they speak (config).
         self.transcripts = TranscriptSources.for_call(
             config, stt, backend, self.params, self.history.messages, self.turn_taker, self.executor,
-            self.events.emit, answering=lambda: self._responding is not None, new_transcriber=new_transcriber)
+            self.events.emit, answering=lambda: self._responding is not None, new_transcriber=new_transcriber,
+            first_round=self._first_round)
+        if self.transcripts.preemptor is not None:
+            self.turn_taker.on_pause = self._paused  # the answer starts at the pause itself
 
     @classmethod
     def from_models(cls, config: Config, models: ModelSet, source: AudioSource, sink: AudioSink, *,
@@ -199,10 +205,7 @@ class Call:
                     self.transcripts.claim(event)
                     self._utterances.put_nowait(event)
                 elif isinstance(event, TurnPending):
-                    # Start only while no turn runs or waits: its answer would change the
-                    # history (and use the conversation) under the preemptive generation.
-                    if self._turn_task is None and self._utterances.empty():
-                        self.transcripts.paused(event)
+                    self._paused(event)
                 elif isinstance(event, KeyPress):
                     self.events.emit(KeyPressed(event.digit))
                     self._keypad.press(event)  # an entry reaches the queue when complete
@@ -210,6 +213,22 @@ class Call:
                 self._keypad.flush()  # the script ended: keys still waiting are answered
         finally:
             self._keypad.close()  # before run() ends the queue: no entry may come after it
+
+    def _paused(self, pending: TurnPending) -> None:
+        """The caller paused mid-turn: transcribe and start the answer now (preemptively).
+        Only while no turn runs or waits: its answer would change the history (and use the
+        conversation) under the preemptive generation."""
+        if self._turn_task is None and self._utterances.empty():
+            self.transcripts.paused(pending)
+
+    def _first_round(self, messages: list[dict], text: str) -> tuple[list[dict], SamplingParams]:
+        """What a turn on `messages` (the caller said `text`) first sends the backend, as
+        respond() would: with an answer plan, its prefilled line or grammar (read from the
+        database now); a preemptive start runs exactly this (stages/preempt.py)."""
+        if self.toolbox is None or not self.config.tools.plan:
+            return messages, self.params
+        request = plan_request(messages, text, self.toolbox.store, self.backend.prefills)
+        return request.messages, dataclasses.replace(self.params, constraint=request.constraint)
 
     def _caller_spoke(self, event: SpeechStarted) -> None:
         self.events.emit(SpeechStart(event.declared_t))

@@ -162,11 +162,18 @@ class TurnConfig(Section):
     # The model is missing at start: False -> a clear error naming the pull command;
     # True -> a warning, and silence endpointing.
     fallback_to_silence: bool = False
-    # smart_turn only: while a pause leaves the turn open, transcribe it and start the LLM
-    # into a buffer; kept (token-identical) if the turn ends on that same audio, else
-    # cancelled and dropped (pipeline/stages/preempt.py). Nothing is played before the
-    # turn ends. Silence mode never waits on a pause, so there it does nothing.
-    preemptive: bool = True
+    # At each pause (pause_ms of silence) transcribe the turn so far and start the LLM into
+    # a buffer; kept (token-identical) if the turn ends on that same audio, else cancelled
+    # and dropped (pipeline/stages/preempt.py). Nothing is played before the turn ends.
+    # smart_turn: started beside the model's decision. silence: the endpointer declares
+    # pauses of pause_ms, and the turn still ends at vad.end_silence_ms of silence.
+    # None (not set): on with smart_turn, off with silence.
+    preemptive: bool | None = None
+
+    @property
+    def preempts(self) -> bool:
+        """Whether the call answers at pauses, preemptively (`preemptive`, or the mode's default)."""
+        return self.preemptive if self.preemptive is not None else self.mode == "smart_turn"
 
     @model_validator(mode="after")
     def _pause_shorter_than_max(self) -> TurnConfig:

@@ -91,7 +91,7 @@ class TurnPending:
     pauses: int  # pieces in the turn so far: this pause's place in the turn
     start_t: float
     last_voiced_t: float
-    declared_t: float  # when the pause was decided to be no end (after the model answered)
+    declared_t: float  # when it was announced: at the pause (TurnTaker.on_pause), else after the model answered
     probability: float | None
     transcript: asyncio.Future | None = field(default=None, compare=False)  # as TurnEnd's
 

@@ -24,6 +24,8 @@ def config():
     ("streaming_stt", "silence", False, True),
     ("smart_turn", "smart_turn", False, False),
     ("preemptive", "smart_turn", True, True),
+    ("silence_preemptive", "silence", True, False),
+    ("smart_preemptive", "smart_turn", True, False),
 ])
 def test_mode_config_sets_turn_and_streaming_stt(config, mode, turn_mode, preemptive, streaming):
     cfg = bench._mode_config(config, mode)
@@ -51,10 +53,10 @@ def test_silence_is_an_alias_of_baseline(config):
     assert (a.turn, a.stt) == (b.turn, b.stt)
 
 
-def test_all_is_the_four_modes_and_unknown_names_are_reported():
-    assert bench.parse_turn_modes("all") == (["baseline", "streaming_stt", "smart_turn", "preemptive"], [])
-    assert bench.parse_turn_modes(" preemptive , all") == (
-        ["preemptive", "baseline", "streaming_stt", "smart_turn"], [])
+def test_all_is_every_mode_and_unknown_names_are_reported():
+    every = ["baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive"]
+    assert bench.parse_turn_modes("all") == (every, [])
+    assert bench.parse_turn_modes(" preemptive , all") == (["preemptive", *[m for m in every if m != "preemptive"]], [])
     assert bench.parse_turn_modes("baseline,fast") == (["baseline"], ["fast"])
     assert bench.parse_turn_modes(None) == ([], [])
 

@@ -147,22 +147,29 @@ class SpyBackend(WrappedBackend):
             await self.changed.wait()
 
 
-def config(tmp_path, preemptive: bool = True):
+def config(tmp_path, preemptive: bool = True, mode: str = "smart_turn", plan: bool = False):
     cfg = load_config("test")
     return cfg.model_copy(update={
         "report": cfg.report.model_copy(update={"dir": str(tmp_path / "reports")}),
-        "turn": cfg.turn.model_copy(update={"mode": "smart_turn", "preemptive": preemptive}),
+        "turn": cfg.turn.model_copy(update={"mode": mode, "preemptive": preemptive}),
         "agent": cfg.agent.model_copy(update={"system_prompt": "You answer the phone."}),
+        "tools": cfg.tools.model_copy(update={"enabled": plan, "plan": plan}),
     })
 
 
-def make_call(cfg, steps, backend, stt, model, log: list | None = None) -> tuple[Call, ScriptSource, LogSink]:
+def make_call(cfg, steps, backend, stt, model, log: list | None = None,
+              end_silence_s: float | None = None) -> tuple[Call, ScriptSource, LogSink]:
+    """A call on the script. `model` None and `end_silence_s`: silence mode with pauses
+    (200 ms, the turn ends at `end_silence_s`); `model` None alone: plain silence mode, the
+    endpointer's 500 ms end the turn."""
     log = log if log is not None else []
     source, sink = ScriptSource(steps), LogSink(log)
-    endpointer = Endpointer(EnergyVAD(), EndpointConfig(min_speech_ms=64, min_silence_ms=200, pre_roll_ms=64,
-                                                        post_roll_ms=32))
+    plain_silence = model is None and end_silence_s is None
+    endpointer = Endpointer(EnergyVAD(), EndpointConfig(min_speech_ms=64, min_silence_ms=500 if plain_silence else 200,
+                                                        pre_roll_ms=64, post_roll_ms=32))
     # The audio's own clock decides (clock 0): the same turns whatever this machine's speed.
-    turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0)
+    turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                      end_silence_s=end_silence_s)
     call = Call(cfg, source, sink, stt=stt, tts=ToneTTS(chunks=1, chunk_s=0.02), backend=backend,
                 endpointer=endpointer, turns=turns, mqtt=None,
                 on_event=lambda kind, data: log.append((kind, data)))
@@ -215,6 +222,61 @@ async def test_a_waiting_pause_is_announced_with_the_audio_its_turn_end_will_car
     end = t.on_time(2.0 + 1.5)
     assert end is not None and end.reason == "timeout"
     assert same_audio(second, end) and not same_audio(first, end)
+
+
+async def test_silence_mode_with_pauses_announces_each_pause_and_ends_at_the_full_silence():
+    """No end-of-turn model: the endpointer's 200 ms pauses are announced (the answer can
+    start there) and the turn ends at the endpoint silence (0.5 s) on the last pause's audio."""
+    from pipeline.events import TurnPending
+    from pipeline.stages.preempt import same_audio
+    from voice.endpointer import SpeechEnded, SpeechStarted
+
+    def piece(start, end):
+        return SpeechEnded(tone(end - start), start, end, end + 0.2, "silence", start)
+
+    policy = TurnPolicy(check_silence_s=0.2, max_silence_s=1.5)
+    t = TurnTaker(None, policy, clock=lambda: 0.0, announce_pauses=True, end_silence_s=0.5)
+    (first,) = await t.on_event(piece(0.0, 1.0))
+    assert isinstance(first, TurnPending) and first.probability is None and t.pending
+    assert t.on_time(1.0 + 0.45) is None  # 450 ms of silence: still the caller's turn
+    await t.on_event(SpeechStarted(1.45, 1.5))
+    assert t.on_time(1.0 + 0.6) is None  # speaking again
+    (second,) = await t.on_event(piece(1.45, 2.0))
+    end = t.on_time(2.0 + 0.5)
+    assert end is not None and end.reason == "silence" and end.pauses == 2
+    assert end.utterance.declared_t == 2.5 and end.utterance.last_voiced_t == 2.0
+    assert same_audio(second, end) and not same_audio(first, end)
+    # With on_pause set, the pause goes there instead of out.
+    seen = []
+    t.on_pause = seen.append
+    assert await t.on_event(piece(3.0, 4.0)) == [] and [p.pauses for p in seen] == [1]
+    # Without end_silence_s: every end of speech ends the turn, as always.
+    plain = TurnTaker(None, policy, clock=lambda: 0.0, announce_pauses=True)
+    (ended,) = await plain.on_event(piece(0.0, 1.0))
+    assert ended.reason == "silence" and not plain.pending
+
+
+async def test_with_on_pause_the_answer_starts_before_the_model_is_asked():
+    """Smart Turn mode: the pause is handed to on_pause first, the model asked after it, and
+    a "complete" ends the turn on the very audio the pause carried."""
+    from pipeline.events import TurnEnd
+    from pipeline.stages.preempt import same_audio
+    from voice.endpointer import SpeechEnded
+
+    order = []
+
+    class Complete:
+        def probability(self, audio):
+            order.append("model")
+            return 0.95
+
+    t = TurnTaker(Complete(), TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                  announce_pauses=True)
+    pauses = []
+    t.on_pause = lambda p: (order.append("pause"), pauses.append(p))
+    (end,) = await t.on_event(SpeechEnded(tone(1.0), 0.0, 1.0, 1.25, "silence", 0.0))
+    assert order == ["pause", "model"] and isinstance(end, TurnEnd) and end.reason == "model"
+    assert same_audio(pauses[0], end)
 
 
 # ---------------------------------------------------------------- (1) kept == not preempted
@@ -314,9 +376,10 @@ class HoldAfter:
 
 async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_path, tiny_engine):
     """The caller pauses (incomplete: a preemptive generation starts and produces tokens),
-    speaks on (discarded), and ends with a complete turn: the answer on the final
-    transcript is token-identical to a call without preemption, although the engine reused
-    the discarded generation's K/V for the common prefix."""
+    speaks on (discarded), and ends with a complete turn (a second start, at that last
+    pause, beside the model's "complete": kept): the answer on the final transcript is
+    token-identical to a call without preemption, although the engine reused the
+    discarded generation's K/V for the common prefix."""
     # The engine runs the prefill and one pass, then waits until the start is discarded: the
     # caller speaks on while the generation is still going, on any CPU.
     lock = HoldAfter(tiny_engine.lock, passes=2)
@@ -357,8 +420,9 @@ async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_pat
     # The final prompt's prefill reused the discarded generation's K/V (its common prefix).
     assert turn.stats.prefilled_tokens < plain_turn.stats.prefilled_tokens
     entry = load_report(call.report_path)["turns"][0]
-    assert entry["preemptive_hit"] is False
-    assert [e["event"] for e in entry["preemptive"]["events"]] == ["start", "llm_start", "discarded"]
+    assert entry["preemptive_hit"] is True
+    assert [e["event"] for e in entry["preemptive"]["events"]] == ["start", "llm_start", "discarded", "start",
+                                                                   "llm_start", "kept"]
 
     # And the conversation stays exact afterwards: a next generation on it equals a fresh one.
     from llm.types import SamplingParams
@@ -371,6 +435,123 @@ async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_pat
     reused = [t for g in tiny_engine.stream(prompt, params, conv) for t in g.token_ids]
     fresh = [t for g in tiny_engine.stream(prompt, params, tiny_engine.new_conversation()) for t in g.token_ids]
     assert reused == fresh
+
+
+async def test_silence_mode_answers_at_the_pause_and_keeps_it_token_identical(tmp_path, tiny_engine):
+    """The default turn ending (silence) with preemption: the answer starts at the 200 ms
+    pause, is finished before the 500 ms end of turn, kept, and token for token the answer
+    of a call that waits for the end; nothing is played before the end."""
+    stt = ScriptedSTT("What time do you open on Saturday?")
+    log: list = []
+    spy = SpyBackend(engine_backend(tiny_engine))
+
+    async def answer_buffered() -> None:
+        await spy.wait_finished(1)
+        assert not any(k in ("play", "end_of_turn") for k, _ in log)
+
+    call, _, _ = make_call(config(tmp_path / "pre", True, "silence"), [silence(0.3), tone(1.0), silence(0.3),
+                           answer_buffered, silence(0.6)], spy, stt, None, log, end_silence_s=0.5)
+    await asyncio.wait_for(call.run(), 120)
+
+    async def no_wait() -> None:
+        pass
+
+    base = SpyBackend(engine_backend(tiny_engine))
+    plain, _, _ = make_call(config(tmp_path / "plain", False, "silence"),
+                            [silence(0.3), tone(1.0), silence(0.3), no_wait, silence(0.6)], base, stt, None)
+    await asyncio.wait_for(plain.run(), 120)
+    (turn,), (plain_turn,) = call.turns, plain.turns
+    assert len(spy.streams) == 1 and spy.streams[0]["tokens"] == base.streams[0]["tokens"]
+    assert turn.agent_text == plain_turn.agent_text and turn.agent_text
+    entry = load_report(call.report_path)["turns"][0]
+    assert entry["preemptive_hit"] is True and entry["end_of_turn"]["reason"] == "silence"
+    kinds = [k for k, _ in log]
+    assert kinds.index("end_of_turn") < kinds.index("preemptive_kept") < kinds.index("play")
+    assert "preemptive_hit" not in load_report(plain.report_path)["turns"][0]  # no preemption in that call
+
+
+@pytest.mark.parametrize("question, kept", [("What time do you open on Saturday?", True),
+                                            ("Can I book the Tuesday slot, I'm Ann?", True)])
+async def test_with_an_answer_plan_the_kept_generation_is_the_plans_own_round(tmp_path, tiny_engine, question, kept):
+    """Tools with a plan: the preemptive start sends what the plan step would (a question's
+    answer line prefilled; a booking's grammar of the open slots), so the turn keeps it:
+    one stream, the same tokens and words as a call without preemption."""
+    from pipeline.receptionist.bookings import open_store
+    from pipeline.receptionist.tools import ToolBox
+
+    slots = ["Tuesday 10:30 a.m. with Dr. Patel", "Friday 9:00 a.m. with Dr. Patel"]
+    results = {}
+    for preemptive in (True, False):
+        store = open_store(tmp_path / f"b{preemptive}.sqlite", open_slots=slots)
+        spy = SpyBackend(engine_backend(tiny_engine))
+        params = []
+        inner_stream = spy.stream
+
+        def stream(messages, p, cancel=None, inner_stream=inner_stream, params=params):
+            params.append(p)
+            return inner_stream(messages, p, cancel)
+
+        spy.stream = stream
+
+        async def buffered(spy=spy, preemptive=preemptive) -> None:
+            if preemptive:
+                await spy.wait_finished(1)
+
+        call, _, _ = make_call(config(tmp_path / str(preemptive), preemptive, "silence", plan=True),
+                               [silence(0.3), tone(1.0), silence(0.3), buffered, silence(0.6)], spy,
+                               ScriptedSTT(question), None, end_silence_s=0.5 if preemptive else None)
+        call.toolbox = ToolBox(store, f"call-{preemptive}")
+        await asyncio.wait_for(call.run(), 120)
+        results[preemptive] = (call, spy, params)
+        store.close()
+    (pre, pre_spy, pre_params), (plain, plain_spy, plain_params) = results[True], results[False]
+    assert load_report(pre.report_path)["turns"][0]["preemptive_hit"] is kept
+    assert pre_spy.streams[0]["messages"] == plain_spy.streams[0]["messages"]
+    assert pre_params[0] == plain_params[0]  # the same constraint (none, or the same slots' grammar)
+    if "book" in question:
+        assert pre_params[0].constraint is not None and slots[0] in pre_params[0].constraint.text
+    else:
+        assert pre_spy.streams[0]["messages"][-1].get("prefix") is True
+    assert pre_spy.streams[0]["tokens"] == plain_spy.streams[0]["tokens"]
+    assert pre.turns[0].agent_text == plain.turns[0].agent_text
+    assert pre.turns[0].llm.plan["act"] == plain.turns[0].llm.plan["act"]
+
+
+async def test_a_slot_taken_after_the_start_is_not_kept_the_turn_plans_on_todays_slots(tmp_path):
+    """The preemptive plan's grammar names the slots open at the pause; another caller books
+    one before the turn ends: the turn's plan is built again from the database, differs, and
+    the buffered generation is not replayed (a live stream on the new grammar instead)."""
+    from pipeline.receptionist.bookings import open_store
+    from pipeline.receptionist.tools import ToolBox
+
+    slots = ["Tuesday 10:30 a.m. with Dr. Patel", "Friday 9:00 a.m. with Dr. Patel"]
+    store = open_store(tmp_path / "b.sqlite", open_slots=slots)
+    grammars = []
+
+    def reply(messages):
+        return ['{"act": "answer"}\n', "Friday is open."]
+
+    spy = SpyBackend(ScriptedBackend(reply=reply))
+    inner_stream = spy.stream
+
+    def stream(messages, p, cancel=None):
+        grammars.append(p.constraint.text if p.constraint else None)
+        return inner_stream(messages, p, cancel)
+
+    spy.stream = stream
+
+    async def taken_meanwhile() -> None:
+        await spy.wait_finished(1)
+        ToolBox(store, "other").run("book_slot", {"slot": slots[0], "name": "Quick Caller"})
+
+    call, _, _ = make_call(config(tmp_path / "c", True, "silence", plan=True),
+                           [silence(0.3), tone(1.0), silence(0.3), taken_meanwhile, silence(0.6)], spy,
+                           ScriptedSTT("Can I book the Tuesday slot, I'm Ann?"), None, end_silence_s=0.5)
+    call.toolbox = ToolBox(store, "call-c")
+    await asyncio.wait_for(call.run(), 60)
+    assert len(grammars) == 2 and slots[0] in grammars[0] and grammars[0] != grammars[1]
+    assert call.turns[0].agent_text == "Friday is open."
+    store.close()
 
 
 # ---------------------------------------------------------------- (3) noise

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import time
+from dataclasses import dataclass
 
 from llm.tool_calls import ToolCallParse
 from llm.types import Constraint
@@ -31,7 +32,7 @@ from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PlanFilter", "plan_turn"]
+__all__ = ["PlanFilter", "PlanRequest", "plan_request", "plan_turn"]
 
 # Said when the plan could not be made (the model or the grammar failed mid-line).
 PLAN_FAILED = "Sorry, could you say that again?"
@@ -91,29 +92,48 @@ def _agent_before(messages: list[dict]) -> str:
     return ""
 
 
-async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner, caller_text: str = "") -> None:
-    result = answer.result
-    store = toolbox.store
-    start = time.monotonic()
+@dataclass
+class PlanRequest:
+    """A plan turn's one generation: the messages and constraint it runs on, the acts the
+    turn allows, the slots the grammar was built from (None: none read), and the text the
+    reply starts with already (the answer line a prefilling backend is given)."""
+
+    messages: list[dict]
+    constraint: Constraint | None
+    acts: tuple[str, ...]
+    open_slots: list[str] | None
+    given: str = ""
+
+
+def plan_request(messages: list[dict], caller_text: str, store, prefills: bool) -> PlanRequest:
+    """What a plan turn on `messages` generates from (reads the database's open slots when
+    the turn may act). A pure function of the messages and the database: a preemptive
+    start (stages/preempt.py) runs the very request its turn would, or is not kept."""
     callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
     acts = allowed_acts(caller_text, callers or [caller_text], _agent_before(messages))
-    filt = PlanFilter()
-    constraint: Constraint | None = None
     if acts == ("answer",):
         # Nothing the caller said asks for an action: the plan line is ours to write, not the
         # model's to choose. The prompt ends with it (a backend that prefills: the model
         # writes free text after it, unmasked, drafted as any answer), else a grammar forces
         # it. No slot is read. Not left out: under a prompt that says every reply starts
         # with a plan, the 1.5B answered plain questions with the fallback without one.
-        open_slots: list[str] | None = None
-        if answer.backend.prefills:
-            filt.feed(ANSWER_LINE)
-            messages = [*messages, {"role": "assistant", "content": ANSWER_LINE, "prefix": True}]
-        else:
-            constraint = Constraint.grammar(ANSWER_ONLY_GRAMMAR)
-    else:
-        open_slots, all_slots = await asyncio.to_thread(plan_slots, store)
-        constraint = Constraint.grammar(plan_grammar(open_slots, all_slots, acts))
+        if prefills:
+            return PlanRequest([*messages, {"role": "assistant", "content": ANSWER_LINE, "prefix": True}], None, acts,
+                               None, ANSWER_LINE)
+        return PlanRequest(messages, Constraint.grammar(ANSWER_ONLY_GRAMMAR), acts, None)
+    open_slots, all_slots = plan_slots(store)
+    return PlanRequest(messages, Constraint.grammar(plan_grammar(open_slots, all_slots, acts)), acts, open_slots)
+
+
+async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner, caller_text: str = "") -> None:
+    result = answer.result
+    start = time.monotonic()
+    callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    request = await asyncio.to_thread(plan_request, messages, caller_text, toolbox.store, answer.backend.prefills)
+    acts, open_slots, constraint, messages = request.acts, request.open_slots, request.constraint, request.messages
+    filt = PlanFilter()
+    if request.given:
+        filt.feed(request.given)
     params = answer.params
     answer.params = dataclasses.replace(params, constraint=constraint)
     try:

@@ -14,8 +14,11 @@ only when the turn ends on the very audio it was started from.
     the turn (pipeline/call.py)            -> reuses the transcript instead of running STT;
         `adopt` checks that the transcript and the messages the turn would send are those
         the generation started from, and hands the turn a `PreemptedBackend`: its first
-        stream replays the buffered token groups, then follows the live ones. Otherwise
-        discard ("transcript_changed", "history_changed") and the turn generates as usual.
+        stream, if it asks for exactly what the generation was sent (a plan turn's answer
+        line or grammar, built from the database's slots at the start, included), replays
+        the buffered token groups, then follows the live ones. Otherwise discard
+        ("transcript_changed", "history_changed"), or a live stream, and the turn
+        generates as usual.
 
 Exact. With greedy decoding a generation is a function of its prompt: the same audio
 gives the same transcript (Whisper greedy, temperature 0, no fallback), the same history
@@ -96,6 +99,9 @@ class Preemption:
     prompt: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     text: str | None = None  # None: STT not done or failed
     messages: list[dict] | None = None  # what the generation was started on (None: no generation)
+    # The turn's first round on those messages (Preemptor.first_round): what the backend
+    # was sent, the answer plan's prefilled line or constraint included.
+    sent: list[dict] | None = None
     groups: list[TokenGroup] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False  # the generation ended (or never started)
@@ -141,9 +147,14 @@ class Preemptor:
 
     def __init__(self, stt: SpeechToText, backend: LLMBackend, params: SamplingParams,
                  messages_for: Callable[[str], list[dict]], *, executor: Executor | None = None,
-                 emit: Callable[[CallEvent], None] = lambda event: None, max_starts: int = MAX_STARTS_PER_TURN):
+                 emit: Callable[[CallEvent], None] = lambda event: None, max_starts: int = MAX_STARTS_PER_TURN,
+                 first_round: Callable[[list[dict], str], tuple[list[dict], SamplingParams]] | None = None):
         self.stt, self.backend, self.params = stt, backend, params
         self.messages_for = messages_for  # transcript -> the messages its turn would send (runs in a thread)
+        # (messages, transcript) -> what the turn's first round sends the backend: the
+        # messages and params (a plan turn's prefilled line or grammar, stages/plan_step.py).
+        # Runs in a thread (it may read the bookings database).
+        self.first_round = first_round or (lambda messages, text: (messages, self.params))
         self.executor, self.emit, self.max_starts = executor, emit, max_starts
         self.current: Preemption | None = None
         self.llm_starts = 0  # generations started, over the call
@@ -286,11 +297,14 @@ class Preemptor:
             messages = await loop.run_in_executor(self.executor, self.messages_for, p.text)
             if p.stop.is_set():
                 return
-            p.messages = messages
+            sent, p.params = await loop.run_in_executor(self.executor, self.first_round, messages, p.text)
+            if p.stop.is_set():
+                return
+            p.messages, p.sent = messages, sent
             p.prompt.set_result(messages)
             self.llm_starts += 1
             self._note(p, "llm_start")
-            async with contextlib.aclosing(self.backend.stream(messages, p.params, p.stop)) as stream:
+            async with contextlib.aclosing(self.backend.stream(sent, p.params, p.stop)) as stream:
                 async for group in stream:
                     p.groups.append(group)
                     p.changed.set()
@@ -334,6 +348,10 @@ class PreemptedBackend:
         return self.backend.tools
 
     @property
+    def prefills(self) -> bool:
+        return self.backend.prefills
+
+    @property
     def last_tool_parse(self) -> ToolCallParse | None:
         return self.backend.last_tool_parse
 
@@ -342,7 +360,7 @@ class PreemptedBackend:
 
     async def stream(self, messages: list[dict], params: SamplingParams, cancel: Any = None) -> AsyncIterator[TokenGroup]:
         p = self.preemption
-        if self._handed or messages != p.messages or params != p.params:
+        if self._handed or messages != p.sent or params != p.params:
             async with contextlib.aclosing(self.backend.stream(messages, params, cancel)) as stream:
                 async for group in stream:
                     yield group

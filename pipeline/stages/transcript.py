@@ -63,15 +63,19 @@ class TranscriptSources:
     def for_call(cls, config: Config, stt: SpeechToText, backend: LLMBackend, params: SamplingParams,
                  messages: Callable[[str], list[dict]], turns: TurnTaker, executor: Executor,
                  emit: Callable[[CallEvent], None], *, answering: Callable[[], bool],
-                 new_transcriber: Callable[[], StreamingTranscriber] | None = None) -> "TranscriptSources":
-        """A call's sources as its config asks. Preemption (turn.preemptive) only with an
-        end-of-turn model: silence endpointing ends the turn at every pause, there is
-        nothing to wait on. Streaming STT (stt.streaming): its passes wait while the agent
-        is `answering` (the LLM needs the cores then)."""
+                 new_transcriber: Callable[[], StreamingTranscriber] | None = None,
+                 first_round: Callable[[list[dict], str], tuple[list[dict], SamplingParams]] | None = None,
+                 ) -> "TranscriptSources":
+        """A call's sources as its config asks. Preemption (turn.preempts) when the turn-taker
+        has pauses to wait on: an end-of-turn model's, or silence mode's own (end_silence_s);
+        `first_round` says what the turn's first generation sends (Preemptor). Streaming STT
+        (stt.streaming): its passes wait while the agent is `answering` (the LLM needs the
+        cores then)."""
         preemptor = live = None
-        if config.turn.preemptive and turns.model is not None:
+        if config.turn.preempts and (turns.model is not None or turns.end_silence_s is not None):
             turns.announce_pauses = True
-            preemptor = Preemptor(stt, backend, params, messages, executor=executor, emit=emit)
+            preemptor = Preemptor(stt, backend, params, messages, executor=executor, emit=emit,
+                                  first_round=first_round)
         if config.stt.streaming:
             if new_transcriber is None:
                 if not isinstance(stt, WhisperSTT):  # the streaming passes need its word timestamps

@@ -1,7 +1,11 @@
 """Turn-taking stage: when a pause in the caller's speech ends their turn.
 
 Silence mode (no end-of-turn model): every end of speech the endpointer declares ends the
-turn, as it always did. With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
+turn, as it always did. Silence mode with pauses (`end_silence_s`, set when the call
+answers preemptively: pipeline/stages/preempt.py): the endpointer declares short pauses
+(`turn.pause_ms`), each one is announced (its audio can be answered already), and the turn
+ends when the silence reaches `end_silence_s` (vad.end_silence_ms), on exactly the audio
+of the last pause unless the caller spoke again. With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
 the endpointer runs with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a
 *pause*. The pause's audio joins the pending turn, the model is asked once on the turn's
 audio so far, and voice.turn_detector.TurnPolicy decides:
@@ -13,8 +17,12 @@ audio so far, and voice.turn_detector.TurnPolicy decides:
   turn at once; so does a pending turn longer than the maximum turn length.
 
 With `announce_pauses` (set by a call that answers preemptively, pipeline/stages/preempt.py)
-a pause that leaves the turn waiting is announced as a `TurnPending` carrying the turn's
-audio so far; its TurnEnd, if the caller says nothing more, carries exactly that audio.
+a pause is announced as a `TurnPending` carrying the turn's audio so far; its TurnEnd, if
+the caller says nothing more, carries exactly that audio. With `on_pause` set, every pause
+is handed to it the moment it is declared, before the model is asked (the answer starts
+beside the model's decision: if it says "complete", the turn ends on the audio the answer
+was started from); without, a pause that leaves the turn waiting is returned after the
+decision.
 
 With `transcribe_pause` (streaming STT, pipeline/stages/live_stt.py) each pause is also
 transcribed, beside the model: a "complete" whose words end on one that cannot end a
@@ -56,8 +64,15 @@ class TurnTaker:
     def __init__(self, model: EndOfTurnModel | None, policy: TurnPolicy, *, max_turn_s: float = 30.0,
                  executor: Executor | None = None, clock: Callable[[], float] = time.monotonic,
                  announce_pauses: bool = False,
-                 transcribe_pause: Callable[[np.ndarray], Awaitable[str | None]] | None = None):
+                 transcribe_pause: Callable[[np.ndarray], Awaitable[str | None]] | None = None,
+                 end_silence_s: float | None = None):
         self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
+        # Silence mode with pauses (no model): the turn ends at this much silence (None:
+        # every SpeechEnded ends it, the endpointer's own silence).
+        self.end_silence_s = end_silence_s if model is None else None
+        # Called at every pause as it is declared, with the pending turn's TurnPending (the
+        # call starts its preemptive answer there); None: waiting pauses are returned.
+        self.on_pause: Callable[[TurnPending], None] | None = None
         self.executor, self.clock = executor, clock
         self.announce_pauses = announce_pauses  # a waiting pause yields a TurnPending
         # Streaming STT's transcript of the turn so far (pipeline/stages/live_stt.py), asked
@@ -81,7 +96,7 @@ class TurnTaker:
             self._transcript = None  # ... and its transcript is of other audio
             return [event]
         self._speaking = False
-        if self.model is None:
+        if self.model is None and self.end_silence_s is None:
             return [TurnEnd(event, event.reason)]  # "silence", or "max_length" / "flush"
         self._pending.append(event)
         if event.reason in ("max_length", "flush") or self._duration() >= self.max_turn_s:
@@ -90,6 +105,17 @@ class TurnTaker:
         audio = np.concatenate([e.audio for e in self._pending])
         if self.transcribe_pause is not None:  # runs beside the model (two cores)
             self._transcript = asyncio.ensure_future(_or_none(self.transcribe_pause(audio)))
+        if self.model is None:  # silence mode with pauses: on_time ends the turn
+            if event.declared_t - event.last_voiced_t >= self.end_silence_s:
+                return [self._end(event.declared_t, "silence")]
+            pending = self._pending_of(audio, event, event.declared_t)
+            if self.announce_pauses and self.on_pause is not None:
+                self.on_pause(pending)
+                return []
+            return [pending] if self.announce_pauses else []
+        announced = self.announce_pauses and self.on_pause is not None
+        if announced:  # answered beside the model's decision
+            self.on_pause(self._pending_of(audio, event, event.declared_t))
         self._probability = await loop.run_in_executor(self.executor, self.model.probability, audio)
         # The decision is made now, after the model answered (on a real-time source the
         # frame clock is the monotonic clock; a faster-than-real-time one runs ahead of it).
@@ -105,17 +131,21 @@ class TurnTaker:
         self.decisions.append((decision.action, self._probability))
         if decision.action == "end":
             return [self._end(now, decision.reason)]
-        if self.announce_pauses:
-            first = self._pending[0]
-            return [TurnPending(audio, len(self._pending), first.start_t, event.last_voiced_t, now,
-                                self._probability, self._transcript)]
+        if self.announce_pauses and not announced:
+            return [self._pending_of(audio, event, now)]
         return []
+
+    def _pending_of(self, audio: np.ndarray, event: SpeechEnded, now: float) -> TurnPending:
+        return TurnPending(audio, len(self._pending), self._pending[0].start_t, event.last_voiced_t, now,
+                           self._probability, self._transcript)
 
     def on_time(self, now: float) -> TurnEnd | None:
         """A frame's end time: a waiting turn whose silence ran out ends here."""
         if not self._pending or self._speaking:
             return None
         silence = now - self._pending[-1].last_voiced_t
+        if self.model is None:
+            return self._end(now, "silence") if silence >= self.end_silence_s else None
         t = self._transcript
         transcript = t.result() if t is not None and t.done() and not t.cancelled() else None
         if self.policy.decide(silence, self._probability, transcript).action == "end":
