@@ -160,7 +160,8 @@ def test_run_turn_modes_writes_lines_and_per_mode_summary(config, tmp_path, monk
     assert bench._run_turn_modes(args, config, models, work, modes) == 0
     assert {m: v[:3] for m, v in played.items()} == {
         "baseline": ("silence", False, False), "streaming_stt": ("silence", False, True),
-        "smart_turn": ("smart_turn", False, False), "preemptive": ("smart_turn", True, True)}
+        "smart_turn": ("smart_turn", False, False), "preemptive": ("smart_turn", True, True),
+        "silence_preemptive": ("silence", True, False), "smart_preemptive": ("smart_turn", True, False)}
     out = json.loads((tmp_path / "out.json").read_text())
     lines = out["lines"]
     assert len(lines) == len(played["baseline"][3]) >= 15 and sum(line["paused"] for line in lines) >= 5
