@@ -73,5 +73,10 @@ class _Stop:
     def is_set(self) -> bool:
         return self.closed.is_set() or (self.cancel is not None and self.cancel.is_set())
 
+    @property
+    def background(self) -> bool:
+        """The caller's cancel marks a preemptive answer (pipeline/stages/preempt.py Stop)."""
+        return bool(getattr(self.cancel, "background", False))
+
 
 __all__ = ["LLMBackend", "SpeculativeBackend"]

@@ -23,6 +23,12 @@ Conversations join and leave between passes. Every torch operation of a generati
 on this one thread: the OpenMP teams of waiting threads no longer spin against it.
 
 Each round holds the engine's pass lock (a FIFO lock; tests wrap it to pace passes).
+
+Background passes (`run(..., background=True)`: a preemptive answer started while its
+caller may still be speaking, pipeline/stages/preempt.py) run only in rounds where no
+other pass waits: a turn that has ended never shares its forward with, or waits behind, an
+answer that may be thrown away. A preemptive answer becomes foreground when its turn ends
+on its audio (its cancel's `background` turns False), from its next pass on.
 """
 
 from __future__ import annotations
@@ -85,7 +91,8 @@ class Runner(Protocol):
     this conversation's logits into its result. Returns (finish's result, the pass's
     PassInfo). SoloRunner runs it here; PassScheduler on the engine thread, batched."""
 
-    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None) -> tuple[Any, PassInfo]: ...
+    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
+            background: bool = False) -> tuple[Any, PassInfo]: ...
 
 
 @dataclass
@@ -94,6 +101,7 @@ class _Work:
     finish: Finish
     hint: Load  # what this conversation brought to its last pass (before it prepares this one)
     job: Callable[[], Any] | None = None  # instead of a pass: run alone, its value the result
+    background: bool = False  # runs only when no foreground work waits (module doc)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     info: PassInfo | None = None
@@ -116,8 +124,9 @@ class SoloRunner:
         self.lock = lock if lock is not None else threading.Lock()
         self.timer = timer
 
-    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None) -> tuple[Any, PassInfo]:
-        with self.lock:
+    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
+            background: bool = False) -> tuple[Any, PassInfo]:
+        with self.lock:  # one pass at a time: nothing to put before another
             piece = _run_here(prepare(Load()), self.timer)
             (logits,), seconds = self.timer(piece.model, [piece.segment])
             return finish(logits), PassInfo(seconds, int(piece.segment.tokens.shape[0]), 1)
@@ -146,6 +155,7 @@ class PassScheduler:
         self.rows = 0  # target rows run, all passes
         self.draft_passes = 0  # draft-model forwards run by the engine thread
         self.batched_draft_passes = 0  # of those, forwards that carried 2+ conversations' steps
+        self.deferred = 0  # background passes left for a later round because foreground work waited
 
     # ---- conversations' side -------------------------------------------------------------
     @contextmanager
@@ -160,9 +170,11 @@ class PassScheduler:
                 self._active -= 1
                 self._cond.notify_all()
 
-    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None) -> tuple[Any, PassInfo]:
-        """Submit one pass and wait for it: (finish's result, the pass it ran in)."""
-        work = self._submit(_Work(prepare, finish, hint or Load(rows=1, tokens=1.0)))
+    def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
+            background: bool = False) -> tuple[Any, PassInfo]:
+        """Submit one pass and wait for it: (finish's result, the pass it ran in).
+        `background`: only in a round no foreground pass waits for (module doc)."""
+        work = self._submit(_Work(prepare, finish, hint or Load(rows=1, tokens=1.0), background=background))
         return work.result, work.info
 
     def call(self, fn: Callable[[], Any]) -> Any:
@@ -215,8 +227,18 @@ class PassScheduler:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._cond.wait(left):
                     break
-            works, self._queue = self._queue, []
+            works, self._queue = self._first(self._queue)
+            self._cond.notify_all()  # the queue changed (wait_until_waiting, tests)
             return works
+
+    def _first(self, works: list[_Work]) -> tuple[list[_Work], list[_Work]]:
+        """(this round's works, those left queued): the foreground ones when any waits, else
+        all. Called with _cond held."""
+        front = [w for w in works if not w.background]
+        if not front or len(front) == len(works):
+            return works, []
+        self.deferred += len(works) - len(front)
+        return front, [w for w in works if w.background]
 
     def _loop(self) -> None:
         with torch.inference_mode():
@@ -227,8 +249,7 @@ class PassScheduler:
                 with self.lock:
                     # Passes submitted while the lock was held join this round.
                     with self._cond:
-                        works += self._queue
-                        self._queue = []
+                        works, self._queue = self._first(works + self._queue)
                     self._round(works)
                 works = None  # nothing of a finished pass stays referenced while idle
 

@@ -335,3 +335,57 @@ def test_a_job_runs_on_the_engine_thread_and_returns_its_value():
         assert sched.call(lambda: 7) == 7  # the thread survives a failed job
     finally:
         sched.close()
+
+
+def test_an_ended_turns_pass_goes_before_preemptive_ones_and_never_shares_their_round():
+    """Priority by event, no timing: while the engine thread holds a preemptive (background)
+    pass behind the lock, another preemptive pass and an ended turn's pass arrive; when
+    the lock opens, the ended turn's pass runs in a round of its own, and the two
+    preemptive ones after it, together."""
+    from llm.scheduler import PassScheduler
+
+    lock = threading.Lock()
+    sched = PassScheduler(lock, gather_s=0.0)
+    order: list[tuple[str, int]] = []
+
+    def submit(name: str, background: bool) -> threading.Thread:
+        def prepare(load):
+            order.append((name, sched.rounds))
+            return None  # no target rows: the pass ends at its prepare
+
+        t = threading.Thread(target=sched.run, args=(prepare, None), kwargs={"background": background})
+        t.start()
+        return t
+
+    lock.acquire()
+    try:
+        threads = [submit("preempt-a", True)]
+        # The engine thread took it and waits for the lock: the queue is empty again.
+        with sched._cond:
+            assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
+        threads += [submit("preempt-b", True), submit("ended-turn", False)]
+        assert sched.wait_until_waiting(2)
+    finally:
+        lock.release()
+    for t in threads:
+        t.join(30)
+    try:
+        assert [name for name, _ in order][0] == "ended-turn"
+        rounds = {name: r for name, r in order}
+        assert rounds["preempt-a"] == rounds["preempt-b"] > rounds["ended-turn"]
+        assert sched.deferred == 2
+    finally:
+        sched.close()
+
+
+def test_background_passes_alone_run_at_once():
+    """With nothing else waiting, a preemptive pass is not held back."""
+    from llm.scheduler import PassScheduler
+
+    sched = PassScheduler(gather_s=0.0)
+    try:
+        ran = []
+        sched.run(lambda load: ran.append("preempt"), None, background=True)
+        assert ran == ["preempt"] and sched.deferred == 0
+    finally:
+        sched.close()

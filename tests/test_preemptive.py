@@ -437,21 +437,36 @@ async def test_discarded_start_then_the_final_answer_equals_a_plain_turn(tmp_pat
     assert reused == fresh
 
 
-async def test_silence_mode_answers_at_the_pause_and_keeps_it_token_identical(tmp_path, tiny_engine):
+async def test_silence_mode_answers_at_the_pause_and_keeps_it_token_identical(tmp_path, tiny_engine, monkeypatch):
     """The default turn ending (silence) with preemption: the answer starts at the 200 ms
     pause, is finished before the 500 ms end of turn, kept, and token for token the answer
-    of a call that waits for the end; nothing is played before the end."""
+    of a call that waits for the end; nothing is played before the end. Its passes went to
+    the engine as background work until the turn ended (llm/scheduler.py priority)."""
     stt = ScriptedSTT("What time do you open on Saturday?")
     log: list = []
     spy = SpyBackend(engine_backend(tiny_engine))
+    flags: list[bool] = []
+    sched = tiny_engine.scheduler
+    run = sched.run
+
+    def recording_run(prepare, finish, hint=None, background=False):
+        flags.append(background)
+        return run(prepare, finish, hint, background)
+
+    monkeypatch.setattr(sched, "run", recording_run)
+    held = []
 
     async def answer_buffered() -> None:
         await spy.wait_finished(1)
         assert not any(k in ("play", "end_of_turn") for k, _ in log)
+        held.append(call.transcripts.preemptor.current)
+        assert held[0].stop.background and flags and all(flags)
 
     call, _, _ = make_call(config(tmp_path / "pre", True, "silence"), [silence(0.3), tone(1.0), silence(0.3),
                            answer_buffered, silence(0.6)], spy, stt, None, log, end_silence_s=0.5)
     await asyncio.wait_for(call.run(), 120)
+    pre_flags = list(flags)
+    flags.clear()
 
     async def no_wait() -> None:
         pass
@@ -460,6 +475,9 @@ async def test_silence_mode_answers_at_the_pause_and_keeps_it_token_identical(tm
     plain, _, _ = make_call(config(tmp_path / "plain", False, "silence"),
                             [silence(0.3), tone(1.0), silence(0.3), no_wait, silence(0.6)], base, stt, None)
     await asyncio.wait_for(plain.run(), 120)
+    assert held[0].kept and not held[0].stop.background  # foreground once the turn ended
+    assert pre_flags and all(pre_flags)  # every pass of the answer ran before the end: background
+    assert flags and not any(flags)  # the plain call's passes: foreground
     (turn,), (plain_turn,) = call.turns, plain.turns
     assert len(spy.streams) == 1 and spy.streams[0]["tokens"] == base.streams[0]["tokens"]
     assert turn.agent_text == plain_turn.agent_text and turn.agent_text

@@ -225,8 +225,8 @@ _AGENT_ASKED = re.compile(r"\b(?:name|which|would you like|book|slot)\b[^.!]*\?"
 _ASKS_FOR_A_TABLE = re.compile(r"\btable for\b", re.IGNORECASE)
 _CHECKS_A_CLAIM = re.compile(r"\b(?:right|correct|true|isn't it|aren't you|don't you|didn't you)\s*\?", re.IGNORECASE)
 _GOODBYE = re.compile(
-    r"\b(?:bye|goodbye|good night|that'?s all|that is all|that'?s it|nothing else|hang up|thanks|thank you|"
-    r"call (?:back|again)|another time|have a (?:good|nice|great))\b", re.IGNORECASE)
+    r"\b(?:bye|goodbye|good night|that'?s all|that is all|that'?s it|that'?s everything|nothing else|hang up|"
+    r"thanks|thank you|call (?:back|again)|another time|have a (?:good|nice|great))\b", re.IGNORECASE)
 
 
 def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_before: str = "") -> tuple[str, ...]:
@@ -242,7 +242,9 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     Booking acts: a booking word, or (not a question) an agreement or a name, or a bare
     reply to the agent's question of a name or a choice. A message: asked for on this
     line or the one before (as `act` checks). A transfer: a person asked for. Ending the
-    call: a goodbye, or any line that is not a question."""
+    call: a goodbye ("That's all, thank you"). Not any line without a question mark: STT
+    drops them, and a misheard "Which dentists work at the clinic?" ("Which then this is
+    where Captain O'Clute.") ended a call of `bench pipeline` with lines still to say."""
     lines = caller_lines if caller_lines is not None else [caller_text]
     question = "?" in caller_text
     acts = ["answer"]
@@ -253,7 +255,7 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
         acts.append("message")
     if _ASKS_FOR_A_PERSON.search(caller_text):
         acts.append("transfer")
-    if _GOODBYE.search(caller_text) or not question:
+    if _GOODBYE.search(caller_text):
         acts.append("end_call")
     return tuple(acts)
 

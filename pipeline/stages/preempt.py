@@ -75,6 +75,9 @@ class Stop:
     def __init__(self) -> None:
         self._set = False
         self._linked: list[Any] = []
+        # Until the turn ends on this audio: the engine runs these passes only when no other
+        # conversation's wait (llm/scheduler.py); read from the engine's thread.
+        self.background = True
 
     def set(self) -> None:
         self._set = True
@@ -204,6 +207,8 @@ class Preemptor:
         if p is not None and not same_audio(p.pause, end):
             self.discard("audio_changed", p)
             p = None
+        if p is not None:
+            p.stop.background = False  # the turn has ended: its answer goes first from now on
         if p is None and not log_:
             return None
         return TurnPreemption(p, log_)
