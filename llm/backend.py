@@ -36,6 +36,17 @@ class SpeculativeBackend:
         self.last_tool_parse = None  # calls are written as text here: the respond stage parses them
         self.prefills = True  # the engine ends the prompt with a reply's given start
 
+    async def prefill(self, messages: list[dict], cancel: asyncio.Event | threading.Event | None = None) -> int:
+        """Compute the K/V of the prompt of `messages` up to the words of the last one so
+        far (engine.open_prompt): a caller's turn while they still speak, so that the turn's
+        prompt prefills only the rest. Nothing is generated or said; the conversation stays
+        exact (every later prompt reuses only its common prefix). Returns the tokens cached."""
+        if self.conversation is None:
+            raise RuntimeError("this backend was closed")
+        conversation = self.conversation
+        prompt = await asyncio.to_thread(self.engine.open_prompt, messages, self.tools)
+        return await asyncio.to_thread(self.engine.prefill, prompt, conversation, _Stop(cancel))
+
     @property
     def last_stats(self) -> GenerationStats | None:
         return self.conversation.last_stats if self.conversation is not None else None

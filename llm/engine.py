@@ -332,6 +332,31 @@ class SpeculativeEngine:
     def encode(self, text: str) -> list[int]:
         return list(self.target.tokenizer.encode(text, add_special_tokens=False))
 
+    def open_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The prompt of `messages` up to the end of the last message's text as far as more
+        text after it would not change its tokens: what every prompt whose last message
+        goes on from this text starts with (a caller's words so far, `prefill`). Found as
+        the common prefix of the prompt and that of the text continued, so the template's
+        closing tokens, and a last token more text could merge with, are left out."""
+        if not messages or not isinstance(messages[-1].get("content"), str):
+            return []
+        more = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + " zq, 7 wx"}]
+        a, b = self.chat_prompt(messages, True, tools), self.chat_prompt(more, True, tools)
+        return a[:common_prefix(a, b)]
+
+    def prefill(self, prompt: list[int], conversation: Conversation, cancel: threading.Event | None = None) -> int:
+        """Compute the K/V of `prompt` into the conversation's cache now, generating nothing
+        kept: a later prompt that starts with it prefills only the rest (the caller's words
+        while they still speak, pipeline/stages/preempt.py). The one pass is the prefill of
+        a one-token generation, whose token is not cached (the decoder holds it as pending);
+        the common-prefix reuse that keeps every prompt exact does the rest. Returns the
+        tokens the cache holds afterwards."""
+        if len(prompt) < 2:
+            return len(conversation.seq.tokens)
+        for _ in self.stream(prompt, SamplingParams(max_new_tokens=1), conversation, cancel):
+            pass
+        return len(conversation.seq.tokens)
+
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.chat_prompt(messages))
 

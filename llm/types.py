@@ -169,6 +169,10 @@ class LLMBackend(Protocol):
 
     `prefills`: the reply can be started with a given text, computed with the prompt (a
     last assistant message marked `"prefix": True`; llm.engine.SpeculativeEngine.chat_prompt).
+
+    Optional: `async prefill(messages, cancel) -> int`, the K/V of the prompt up to the
+    last message's words so far, computed now (llm.backend.SpeculativeBackend; a call
+    prefills a caller's words while they speak). A backend without it is not asked.
     """
 
     tools: list[dict] | None

@@ -195,7 +195,7 @@ class Call:
 
     async def _input(self) -> None:
         try:
-            async for event in listen(self.source, self.endpointer, self.turn_taker, self.transcripts.live):
+            async for event in listen(self.source, self.endpointer, self.turn_taker, self.transcripts.tap):
                 if isinstance(event, SpeechStarted):
                     self._caller_spoke(event)
                 elif isinstance(event, TurnEnd):

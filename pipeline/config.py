@@ -169,6 +169,10 @@ class TurnConfig(Section):
     # pauses of pause_ms, and the turn still ends at vad.end_silence_ms of silence.
     # None (not set): on with smart_turn, off with silence.
     preemptive: bool | None = None
+    # With preemption: while the caller speaks, every this many ms of speech their turn so
+    # far is transcribed and the prompt up to those words is prefilled into the LLM's K/V
+    # (nothing generated; pipeline/stages/preempt.py SpeechPrefill). 0: off.
+    speech_prefill_ms: int = Field(default=800, ge=0)
 
     @property
     def preempts(self) -> bool:

@@ -488,6 +488,59 @@ async def test_silence_mode_answers_at_the_pause_and_keeps_it_token_identical(tm
     assert "preemptive_hit" not in load_report(plain.report_path)["turns"][0]  # no preemption in that call
 
 
+async def test_words_prefilled_while_the_caller_speaks_leave_the_answer_token_identical(tmp_path, tiny_engine):
+    """Speech prefill: while the caller speaks, their words so far (less the last) are
+    prefilled into the K/V; the turn's answer then prefills fewer tokens, and is token for
+    token the answer of a call that did nothing before the turn ended."""
+    words = "please tell me when the clinic opens on saturday morning for a cleaning".split()
+
+    def growing(audio: np.ndarray) -> str:  # more speech, more words (silence adds none)
+        return " ".join(words[:max(1, int(np.count_nonzero(np.abs(audio) > 0.01) / RATE * 5))])
+
+    class PrefillSpy(SpyBackend):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.prefilled = asyncio.Event()
+            self.prefill_messages = []
+
+        async def prefill(self, messages, cancel=None):
+            self.prefill_messages.append(messages)
+            n = await self.inner.prefill(messages, cancel)
+            self.prefilled.set()
+            return n
+
+    spy = PrefillSpy(engine_backend(tiny_engine))
+
+    async def prefilled() -> None:
+        await spy.prefilled.wait()
+
+    async def answered() -> None:
+        await spy.wait_finished(1)
+
+    cfg = config(tmp_path / "pre", True, "silence")
+    cfg = cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"speech_prefill_ms": 600})})
+    call, _, _ = make_call(cfg, [silence(0.3), tone(1.3), prefilled, tone(0.6), silence(0.3), answered,
+                                 silence(0.6)], spy, ScriptedSTT(growing), None, end_silence_s=0.5)
+    await asyncio.wait_for(call.run(), 120)
+
+    async def no_wait() -> None:
+        pass
+
+    base = SpyBackend(engine_backend(tiny_engine))
+    plain, _, _ = make_call(config(tmp_path / "plain", False, "silence"),
+                            [silence(0.3), tone(1.3), no_wait, tone(0.6), silence(0.3), no_wait, silence(0.6)], base,
+                            ScriptedSTT(growing), None)
+    await asyncio.wait_for(plain.run(), 120)
+    (turn,), (plain_turn,) = call.turns, plain.turns
+    assert turn.user_text == plain_turn.user_text and len(turn.user_text.split()) > 4
+    partial = spy.prefill_messages[0][-1]["content"]
+    assert turn.user_text.startswith(partial) and len(partial.split()) < len(turn.user_text.split())
+    assert call.transcripts.preemptor.prefilled and call.transcripts.preemptor.prefilled[0] > 0
+    assert spy.streams[0]["tokens"] == base.streams[0]["tokens"] and turn.agent_text == plain_turn.agent_text
+    assert turn.stats.prefilled_tokens < plain_turn.stats.prefilled_tokens  # the words were in the cache
+    assert load_report(call.report_path)["turns"][0]["preemptive_hit"] is True
+
+
 @pytest.mark.parametrize("question, kept", [("What time do you open on Saturday?", True),
                                             ("Can I book the Tuesday slot, I'm Ann?", True)])
 async def test_with_an_answer_plan_the_kept_generation_is_the_plans_own_round(tmp_path, tiny_engine, question, kept):

@@ -146,6 +146,14 @@ class Endpointer:
         """In speech: seconds of silence since the last voiced chunk (0 while voiced)."""
         return self._silence if self.in_speech else 0.0
 
+    @property
+    def voiced_samples(self) -> int:
+        """How many samples `voiced_audio()` would return now (0 when not in speech)."""
+        if not self.in_speech or not self._utt:
+            return 0
+        keep_until = self._last_voiced_t + self.config.post_roll_ms / 1000.0
+        return max(0, min(len(self._utt) * self.chunk, int(round((keep_until - self._utt_t0) * SAMPLE_RATE))))
+
     def voiced_audio(self, start: int = 0) -> np.ndarray:
         """While in speech: the utterance's audio from sample `start` up to the last sample
         its SpeechEnded is sure to keep (the end of the last voiced chunk plus post-roll;

@@ -34,6 +34,15 @@ turn calls `settle()` before it generates.
 Bounded: one start per pause, `max_starts` per turn, one preemption at a time, no LLM on
 an empty transcript (silence or noise Whisper could not read).
 
+Prefill while the caller speaks (`SpeechPrefill`, the listen stage's tap): every
+`interval_s` of new speech, the turn's audio so far is transcribed and the prompt the
+turn would send, up to those words less the last (the next audio may change it), is
+computed into the conversation's K/V (the backend's `prefill`; nothing generated). The
+pause's generation then prefills only the words after them. Exact for the same reason a
+discarded generation is: a prompt reuses only the prefix its tokens share with the cache.
+One piece of work at a time on the conversation: a prefill runs only when nothing else
+does, a start waits for it (and stops one still transcribing).
+
 Events (through `emit`, and in the turn's report entry): preemptive_start,
 preemptive_kept, preemptive_discarded (with why).
 """
@@ -60,7 +69,8 @@ from pipeline.events import (CallEvent, PreemptiveDiscarded, PreemptiveKept, Pre
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_STARTS_PER_TURN", "Preemption", "PreemptedBackend", "Preemptor", "TurnPreemption", "same_audio"]
+__all__ = ["MAX_STARTS_PER_TURN", "Preemption", "PreemptedBackend", "Preemptor", "SpeechPrefill", "TurnPreemption",
+           "same_audio"]
 
 MAX_STARTS_PER_TURN = 3
 _EVENTS = {"start": PreemptiveStart, "kept": PreemptiveKept, "discarded": PreemptiveDiscarded}
@@ -161,6 +171,8 @@ class Preemptor:
         self.executor, self.emit, self.max_starts = executor, emit, max_starts
         self.current: Preemption | None = None
         self.llm_starts = 0  # generations started, over the call
+        self.prefilled: list[int] = []  # each speech prefill's tokens cached, over the call (SpeechPrefill)
+        self._prefill_stop: Stop | None = None  # the running speech prefill's
         self._log: list[dict] = []  # the pending turn's events
         self._tasks: set[asyncio.Task] = set()  # started and not yet finished (discarded ones included)
 
@@ -178,6 +190,8 @@ class Preemptor:
             return None
         if sum(1 for e in self._log if e["event"] == "start") >= self.max_starts:
             return None
+        if self._prefill_stop is not None:
+            self._prefill_stop.set()  # a speech prefill still transcribing: the start transcribes all
         previous = list(self._tasks)  # discarded ones still stopping: ours waits for them
         p = Preemption(pause, self.params, self._log)
         self._note(p, "start", pause=pause.pauses, audio_s=round(len(pause.audio) / 16000, 3))
@@ -212,6 +226,38 @@ class Preemptor:
         if p is None and not log_:
             return None
         return TurnPreemption(p, log_)
+
+    def prefill(self, audio: np.ndarray) -> bool:
+        """The caller is still speaking; `audio` is their turn so far: transcribe it and
+        prefill the turn's prompt up to those words but the last (module doc). Only when no
+        other work runs on the conversation and the backend can prefill; False if not started."""
+        prefill = getattr(self.backend, "prefill", None)
+        if prefill is None or self._tasks or (self.current is not None and self.current.discarded is None):
+            return False
+        stop = self._prefill_stop = Stop()
+        task = asyncio.create_task(self._prefill(prefill, audio, stop), name="speech-prefill")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _prefill(self, prefill: Callable, audio: np.ndarray, stop: Stop) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            text = await loop.run_in_executor(self.executor, self.stt.transcribe, audio)
+            words = (text or "").split()[:-1]  # the last word may be cut, or change with more audio
+            if len(words) < 2 or stop.is_set():
+                return
+            messages = await loop.run_in_executor(self.executor, self.messages_for, " ".join(words))
+            if stop.is_set():
+                return
+            self.prefilled.append(await prefill(messages, stop))
+        except asyncio.CancelledError:
+            pass  # the call ended
+        except Exception:  # a prefill is only a head start: the turn prefills what it needs
+            log.warning("speech prefill failed", exc_info=True)
+        finally:
+            if self._prefill_stop is stop:
+                self._prefill_stop = None
 
     # ---------------------------------------------------------------- from the turn
 
@@ -329,6 +375,35 @@ class Preemptor:
         p.log.append({"event": event, "t": time.monotonic(), **data})
         if (event_type := _EVENTS.get(event)) is not None:  # llm_start is the report's only
             self.emit(event_type(**data))
+
+
+class SpeechPrefill:
+    """The listen stage's tap (pipeline/stages/listen.py UtteranceTap) that prefills a
+    caller's words while they speak: every `interval_s` of new speech in the pending turn,
+    `Preemptor.prefill` on the turn's audio so far; never while the agent is `answering`
+    (the LLM is the caller's then). A prefill skipped because other work ran is tried again
+    at the next frame."""
+
+    def __init__(self, preemptor: Preemptor, pending: Any, interval_s: float = 0.8,
+                 answering: Callable[[], bool] = lambda: False):
+        self.preemptor, self.pending, self.answering = preemptor, pending, answering
+        self.interval = int(interval_s * 16000)
+        self._done = 0  # samples of the pending turn the last prefill heard
+
+    def heard(self, endpointer: Any, t: float) -> None:
+        if not endpointer.in_speech:
+            return
+        total = self.pending.pending_samples + endpointer.voiced_samples
+        if total < self._done:
+            self._done = 0  # a new turn
+        if total - self._done < self.interval or self.answering():
+            return
+        audio = np.concatenate([self.pending.pending_audio(), endpointer.voiced_audio()])
+        if self.preemptor.prefill(audio):
+            self._done = total
+
+    def piece_ended(self, ended: Any) -> None:
+        pass
 
 
 class PreemptedBackend:

@@ -26,7 +26,8 @@ from pipeline.config import Config
 from pipeline.events import CallEvent, TurnEnd, TurnPending
 from pipeline.ports import LLMBackend, SpeechToText
 from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
-from pipeline.stages.preempt import PreemptedBackend, Preemptor, TurnPreemption
+from pipeline.stages.listen import UtteranceTap
+from pipeline.stages.preempt import PreemptedBackend, Preemptor, SpeechPrefill, TurnPreemption
 from pipeline.stages.turn_taking import TurnTaker
 from voice.streaming_stt import StreamingTranscriber
 from voice.stt import WhisperSTT
@@ -55,8 +56,9 @@ class TranscriptSources:
     """The call's transcript sources (see the module docstring)."""
 
     def __init__(self, stt: SpeechToText, executor: Executor, preemptor: Preemptor | None = None,
-                 live: LiveTranscript | None = None):
+                 live: LiveTranscript | None = None, prefill: SpeechPrefill | None = None):
         self.stt, self.executor, self.preemptor, self.live = stt, executor, preemptor, live
+        self.prefill = prefill
         self._claims: dict[int, tuple[TurnPreemption | None, TurnTranscript | None]] = {}  # id(TurnEnd) ->
 
     @classmethod
@@ -71,11 +73,13 @@ class TranscriptSources:
         `first_round` says what the turn's first generation sends (Preemptor). Streaming STT
         (stt.streaming): its passes wait while the agent is `answering` (the LLM needs the
         cores then)."""
-        preemptor = live = None
+        preemptor = live = prefill = None
         if config.turn.preempts and (turns.model is not None or turns.end_silence_s is not None):
             turns.announce_pauses = True
             preemptor = Preemptor(stt, backend, params, messages, executor=executor, emit=emit,
                                   first_round=first_round)
+            if config.turn.speech_prefill_ms > 0 and getattr(backend, "prefill", None) is not None:
+                prefill = SpeechPrefill(preemptor, turns, config.turn.speech_prefill_ms / 1000, answering)
         if config.stt.streaming:
             if new_transcriber is None:
                 if not isinstance(stt, WhisperSTT):  # the streaming passes need its word timestamps
@@ -88,7 +92,14 @@ class TranscriptSources:
                 # Each pause is transcribed beside Smart Turn: a "complete" ending on a dangling
                 # word waits, and a turn ending there already has its transcript.
                 turns.transcribe_pause = live.transcribe_pause
-        return cls(stt, executor, preemptor, live)
+        return cls(stt, executor, preemptor, live, prefill)
+
+    @property
+    def tap(self) -> UtteranceTap | None:
+        """What sees the caller's audio as the endpointer keeps it (listen's tap): the live
+        stream, the speech prefill, or both."""
+        taps = [t for t in (self.live, self.prefill) if t is not None]
+        return taps[0] if len(taps) == 1 else (_Taps(taps) if taps else None)
 
     @property
     def busy(self) -> bool:
@@ -158,3 +169,18 @@ class TranscriptSources:
             await self.preemptor.close()
         if self.live is not None:
             await self.live.close()
+
+
+class _Taps:
+    """Several taps as one (pipeline/stages/listen.py UtteranceTap)."""
+
+    def __init__(self, taps: list[UtteranceTap]):
+        self.taps = taps
+
+    def heard(self, endpointer, t: float) -> None:
+        for tap in self.taps:
+            tap.heard(endpointer, t)
+
+    def piece_ended(self, ended) -> None:
+        for tap in self.taps:
+            tap.piece_ended(ended)

@@ -89,6 +89,16 @@ class TurnTaker:
     def pending(self) -> bool:
         return bool(self._pending)
 
+    def pending_audio(self) -> np.ndarray:
+        """The pending turn's audio so far (its pieces before the one being spoken)."""
+        if not self._pending:
+            return np.zeros(0, np.float32)
+        return np.concatenate([e.audio for e in self._pending])
+
+    @property
+    def pending_samples(self) -> int:
+        return sum(len(e.audio) for e in self._pending)
+
     async def on_event(self, event: SpeechStarted | SpeechEnded) -> list[SpeechStarted | TurnEnd | TurnPending]:
         if isinstance(event, SpeechStarted):
             self._speaking = True
