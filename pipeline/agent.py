@@ -210,7 +210,7 @@ class AgentModels:
         t = time.perf_counter()
         if config.tts.engine == "piper":
             tts = load_tts("piper", resolve_model(config.tts.voice), length_scale=config.tts.length_scale,
-                           threads=tts_threads)
+                           threads=tts_threads, split_clauses=config.tts.split_clauses)
         else:
             tts = load_tts(config.tts.engine, resolve_model(config.tts.voice))
         times["tts"] = time.perf_counter() - t
