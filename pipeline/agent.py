@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,11 +40,15 @@ if TYPE_CHECKING:  # heavy imports, loaded only by AgentModels.load
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentModels", "ModelSet", "call_ports", "chars_token_count", "endpoint_config", "load_engine", "sampling_params",
+__all__ = ["AgentModels", "ModelSet", "call_ports", "chars_token_count", "endpoint_config", "load_engine", "new_call_id", "sampling_params",
            "voice_executor"]
 
 _voice_pool: ThreadPoolExecutor | None = None
 _voice_pool_lock = threading.Lock()
+
+
+def new_call_id() -> str:
+    return f"call-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def voice_executor() -> ThreadPoolExecutor:

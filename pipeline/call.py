@@ -13,18 +13,15 @@ event on `Call.events` (pipeline/events.py). The README walks one caller frame t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
-import time
-import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
-from llm.types import SamplingParams
 
-from pipeline.agent import ModelSet, call_ports, chars_token_count, sampling_params, turn_taker, voice_executor
+from pipeline.agent import (ModelSet, call_ports, chars_token_count, new_call_id, sampling_params, turn_taker,
+                            voice_executor)
 from pipeline.config import Config
 from pipeline.events import (BargedIn, CallAction, CallEvents, EndOfTurn, KeypadEntry, KeypadTurn, KeyPress,
                              KeyPressed, SpeechStart, TranscriptReady, TurnEnd, TurnPending, TurnRecorded,
@@ -36,7 +33,7 @@ from pipeline.receptionist.prompt import system_prompt
 from pipeline.report import CallReport, finish_report
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.listen import Keypad, listen
-from pipeline.stages.plan_step import plan_request
+from pipeline.stages.plan_step import first_round
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
 from pipeline.stages.transcript import Transcript, TranscriptSources
@@ -97,7 +94,8 @@ class Call:
         self.transcripts = TranscriptSources.for_call(
             config, stt, backend, self.params, self.history.messages, self.turn_taker, self.executor,
             self.events.emit, answering=lambda: self._responding is not None, new_transcriber=new_transcriber,
-            first_round=self._first_round)
+            first_round=lambda messages, text: first_round(messages, text, self.toolbox, config.tools.plan,
+                                                           self.backend.prefills, self.params))
         if self.transcripts.preemptor is not None:
             self.turn_taker.on_pause = self._paused  # the answer starts at the pause itself
 
@@ -119,12 +117,11 @@ class Call:
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
-        async def waiter() -> None:
-            while len(self.turns) < n:
-                self._turn_done.clear()
-                await self._turn_done.wait()
         try:
-            await asyncio.wait_for(waiter(), timeout)
+            async with asyncio.timeout(timeout):
+                while len(self.turns) < n:
+                    self._turn_done.clear()
+                    await self._turn_done.wait()
             return True
         except TimeoutError:
             return False
@@ -221,15 +218,6 @@ class Call:
         if self._turn_task is None and self._utterances.empty():
             self.transcripts.paused(pending)
 
-    def _first_round(self, messages: list[dict], text: str) -> tuple[list[dict], SamplingParams]:
-        """What a turn on `messages` (the caller said `text`) first sends the backend, as
-        respond() would: with an answer plan, its prefilled line or grammar (read from the
-        database now); a preemptive start runs exactly this (stages/preempt.py)."""
-        if self.toolbox is None or not self.config.tools.plan:
-            return messages, self.params
-        request = plan_request(messages, text, self.toolbox.store, self.backend.prefills)
-        return request.messages, dataclasses.replace(self.params, constraint=request.constraint)
-
     def _caller_spoke(self, event: SpeechStarted) -> None:
         self.events.emit(SpeechStart(event.declared_t))
         self.transcripts.resumed()
@@ -266,9 +254,7 @@ class Call:
 
     async def _greet(self, text: str) -> None:
         turn = Turn(index=-1, timeline=TurnTimeline(index=-1), greeting=True, llm=LLMResult(text, [text]))
-        reply = Reply.of(turn, emit=self.events.emit)
-        reply.sentences.put_nowait(text)
-        reply.sentences.put_nowait(None)
+        reply = Reply.said(turn, text, emit=self.events.emit)
         self._responding = turn
         try:
             await speak(self.tts, self.sink, reply, self._mark_names, self.executor)
@@ -355,10 +341,6 @@ class Call:
         self.turns.append(turn)
         self.events.emit(TurnRecorded(entry))
         self._turn_done.set()
-
-
-def new_call_id() -> str:
-    return f"call-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 async def _settle(*tasks: asyncio.Task | asyncio.Future | None) -> None:

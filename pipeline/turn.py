@@ -186,6 +186,14 @@ class Reply:
         """The reply of a call's turn: its timeline, barge-in and results are the turn's."""
         return cls(turn.timeline, turn.barge_in, turn.llm, turn.speech, turn=turn.index, **options)  # type: ignore[arg-type]
 
+    @classmethod
+    def said(cls, turn: "Turn", text: str, **options: object) -> "Reply":
+        """A reply in our own words (the greeting): `text` its one sentence, already written."""
+        reply = cls.of(turn, **options)
+        reply.sentences.put_nowait(text)
+        reply.sentences.put_nowait(None)
+        return reply
+
 
 @dataclass
 class History:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from llm.tool_calls import ToolCallParse
-from llm.types import Constraint
+from llm.types import Constraint, SamplingParams
 from pipeline.events import ToolResult
 from pipeline.ports import ToolRunner
 from pipeline.receptionist.plan import (ANSWER_LINE, ANSWER_ONLY_GRAMMAR, Outcome, act, allowed_acts, parse_plan,
@@ -32,7 +32,7 @@ from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PlanFilter", "PlanRequest", "plan_request", "plan_turn"]
+__all__ = ["PlanFilter", "PlanRequest", "first_round", "plan_request", "plan_turn"]
 
 # Said when the plan could not be made (the model or the grammar failed mid-line).
 PLAN_FAILED = "Sorry, could you say that again?"
@@ -123,6 +123,17 @@ def plan_request(messages: list[dict], caller_text: str, store, prefills: bool) 
         return PlanRequest(messages, Constraint.grammar(ANSWER_ONLY_GRAMMAR), acts, None)
     open_slots, all_slots = plan_slots(store)
     return PlanRequest(messages, Constraint.grammar(plan_grammar(open_slots, all_slots, acts)), acts, open_slots)
+
+
+def first_round(messages: list[dict], text: str, toolbox: ToolRunner | None, plan: bool, prefills: bool,
+                params: SamplingParams) -> tuple[list[dict], SamplingParams]:
+    """What a turn on `messages` (the caller said `text`) first sends the backend, as
+    respond() would: with an answer plan, its prefilled line or grammar (read from the
+    database now); a preemptive start runs exactly this (stages/preempt.py)."""
+    if toolbox is None or not plan:
+        return messages, params
+    request = plan_request(messages, text, toolbox.store, prefills)
+    return request.messages, dataclasses.replace(params, constraint=request.constraint)
 
 
 async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner, caller_text: str = "") -> None:

@@ -184,7 +184,7 @@ class BrowserCall:
 
 async def serve_browser(sock: AsgiSocket, bridge: "Bridge") -> None:
     """One page's call: read its audio and messages until it hangs up or goes away."""
-    from pipeline.call import new_call_id  # the call's id, named as every call's is
+    from pipeline.agent import new_call_id  # the call's id, named as every call's is
 
     call = BrowserCall(sock, new_call_id())
     await call.send_json({"type": "ready", "call_id": call.call_id, "sample_rate": SAMPLE_RATE})
