@@ -256,6 +256,63 @@ async def test_silence_mode_with_pauses_announces_each_pause_and_ends_at_the_ful
     assert ended.reason == "silence" and not plain.pending
 
 
+async def test_silence_mode_waits_longer_when_the_pause_words_leave_the_sentence_open():
+    """Silence mode with pauses: at the full silence the turn ends, unless the words heard
+    at the pause (heard(), from the preemptive start's STT) end on "for next": then it
+    waits up to max_silence_s. Words of other audio (the caller spoke since) do not count."""
+    from voice.endpointer import SpeechEnded, SpeechStarted
+
+    def piece(start, end):
+        return SpeechEnded(tone(end - start), start, end, end + 0.2, "silence", start)
+
+    def taker():
+        return TurnTaker(None, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                         announce_pauses=True, end_silence_s=0.5)
+
+    t = taker()
+    await t.on_event(piece(0.0, 1.0))
+    t.heard(RATE, "I would like a cleaning for next")
+    assert t.on_time(1.0 + 0.5) is None and t.on_time(1.0 + 1.4) is None  # "next ...": still theirs
+    end = t.on_time(1.0 + 1.5)
+    assert end is not None and end.reason == "timeout"
+    t = taker()
+    await t.on_event(piece(0.0, 1.0))
+    t.heard(RATE, "I would like a cleaning on Tuesday.")
+    end = t.on_time(1.0 + 0.5)
+    assert end is not None and end.reason == "silence"
+    t = taker()
+    await t.on_event(piece(0.0, 1.0))
+    t.heard(RATE // 2, "I would like a cleaning for next")  # of half the audio: not these words
+    assert t.on_time(1.0 + 0.5) is not None
+    t = taker()
+    await t.on_event(piece(0.0, 1.0))
+    await t.on_event(SpeechStarted(1.3, 1.35))
+    t.heard(RATE, "I would like a cleaning for next")  # the caller speaks again: too late
+    await t.on_event(piece(1.3, 2.0))
+    assert t.on_time(2.0 + 0.5) is not None
+
+
+@pytest.mark.parametrize("first_words, turns", [("I would like a cleaning for next", 1),
+                                                ("I would like a cleaning.", 2)])
+async def test_a_call_in_silence_mode_keeps_a_sentence_open_at_the_pause_in_one_turn(tmp_path, first_words, turns):
+    """The call wires the preemptive start's transcript to the turn-taker: "... for next",
+    a 0.9 s pause (longer than the 0.5 s end of turn), "Tuesday morning": one turn, whose
+    words are all of it. Words that close the sentence: the pause ends the turn (two)."""
+    whole = "I would like a cleaning for next Tuesday morning."
+    stt = ScriptedSTT(lambda audio: first_words if len(audio) < 1.5 * RATE else whole)
+
+    async def pause_heard() -> None:
+        await asyncio.shield(call.transcripts.preemptor.current.transcript)
+
+    call, _, _ = make_call(config(tmp_path, True, "silence"),
+                           [silence(0.3), tone(1.0), silence(0.25), pause_heard, silence(0.65), tone(0.8), silence(2.0)],
+                           ScriptedBackend(["Sure."]), stt, None, end_silence_s=0.5)
+    await asyncio.wait_for(call.run(), 120)
+    assert len(call.turns) == turns
+    if turns == 1:
+        assert call.turns[0].user_text == whole and call.turns[0].end_of_turn.reason == "silence"
+
+
 async def test_with_on_pause_the_answer_starts_before_the_model_is_asked():
     """Smart Turn mode: the pause is handed to on_pause first, the model asked after it, and
     a "complete" ends the turn on the very audio the pause carried."""
@@ -495,7 +552,10 @@ async def test_words_prefilled_while_the_caller_speaks_leave_the_answer_token_id
     words = "please tell me when the clinic opens on saturday morning for a cleaning".split()
 
     def growing(audio: np.ndarray) -> str:  # more speech, more words (silence adds none)
-        return " ".join(words[:max(1, int(np.count_nonzero(np.abs(audio) > 0.01) / RATE * 5))])
+        # 8 words a second: the first prefill (at 0.6 s of speech) has words to prefill. Only
+        # it is sure to run: the script may deliver the rest of the tone before it finishes,
+        # and a prefill is not started while another runs.
+        return " ".join(words[:max(1, int(np.count_nonzero(np.abs(audio) > 0.01) / RATE * 8))])
 
     class PrefillSpy(SpyBackend):
         def __init__(self, inner):

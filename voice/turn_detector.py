@@ -170,7 +170,9 @@ DANGLING_WORDS = frozenset(
 # pitch as finished. A question can end on one too ("What are you looking for?"): Whisper
 # writes its question mark, so these count only without one. A wrong "dangling" costs a
 # wait up to the silence timeout; a wrong "complete" answers half a sentence.
-OPEN_WORDS = frozenset("for on to at with from of in into about like".split())
+# "next" too: "a cleaning for next ... Tuesday" (espeak-ng's line in bench pipeline, cut in two
+# at 1 s of silence); a statement rarely ends on it, and "Who's next?" keeps its question mark.
+OPEN_WORDS = frozenset("for on to at with from of in into about like next".split())
 
 
 def dangling_word(transcript: str) -> str | None:

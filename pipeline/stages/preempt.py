@@ -169,6 +169,9 @@ class Preemptor:
         # Runs in a thread (it may read the bookings database).
         self.first_round = first_round or (lambda messages, text: (messages, self.params))
         self.executor, self.emit, self.max_starts = executor, emit, max_starts
+        # Told each pause's transcript as it is known: (samples of the turn's audio, text);
+        # silence mode's turn-taker waits longer on "... for next" (stages/turn_taking.py).
+        self.on_transcript: Callable[[int, str], None] | None = None
         self.current: Preemption | None = None
         self.llm_starts = 0  # generations started, over the call
         self.prefilled: list[int] = []  # each speech prefill's tokens cached, over the call (SpeechPrefill)
@@ -340,6 +343,8 @@ class Preemptor:
                 return
             p.text = (text or "").strip()
             p.transcript.set_result(p.text)
+            if self.on_transcript is not None:
+                self.on_transcript(len(p.pause.audio), p.text)
             if not p.text:
                 self.discard("empty_transcript", p)  # noise: no LLM start
                 return

@@ -78,6 +78,8 @@ class TranscriptSources:
             turns.announce_pauses = True
             preemptor = Preemptor(stt, backend, params, messages, executor=executor, emit=emit,
                                   first_round=first_round)
+            if turns.model is None:
+                preemptor.on_transcript = turns.heard  # "... for next" waits (silence mode)
             if config.turn.speech_prefill_ms > 0 and getattr(backend, "prefill", None) is not None:
                 prefill = SpeechPrefill(preemptor, turns, config.turn.speech_prefill_ms / 1000, answering)
         if config.stt.streaming:

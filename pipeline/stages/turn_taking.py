@@ -5,7 +5,10 @@ turn, as it always did. Silence mode with pauses (`end_silence_s`, set when the 
 answers preemptively: pipeline/stages/preempt.py): the endpointer declares short pauses
 (`turn.pause_ms`), each one is announced (its audio can be answered already), and the turn
 ends when the silence reaches `end_silence_s` (vad.end_silence_ms), on exactly the audio
-of the last pause unless the caller spoke again. With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
+of the last pause unless the caller spoke again; when the pause's words are known (`heard`,
+from the preemptive start's STT) and end on one that leaves the sentence open ("... a
+cleaning for next", voice.turn_detector.dangling_word), it waits on up to
+`turn.max_silence_ms` (reason "timeout"). With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
 the endpointer runs with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a
 *pause*. The pause's audio joins the pending turn, the model is asked once on the turn's
 audio so far, and voice.turn_detector.TurnPolicy decides:
@@ -47,7 +50,7 @@ import numpy as np
 
 from pipeline.events import TurnEnd, TurnPending
 from voice.endpointer import SpeechEnded, SpeechStarted
-from voice.turn_detector import TurnPolicy
+from voice.turn_detector import TurnPolicy, dangling_word
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,7 @@ class TurnTaker:
         # and a turn that ends there already has its transcript.
         self.transcribe_pause = transcribe_pause
         self._transcript: asyncio.Future | None = None  # of the pending audio, from its last pause
+        self._heard: str | None = None  # silence mode: the words of all the pending audio (heard())
         self._pending: list[SpeechEnded] = []
         self._probability: float | None = None
         self._speaking = False  # the caller is speaking again after a pause
@@ -103,7 +107,7 @@ class TurnTaker:
         if isinstance(event, SpeechStarted):
             self._speaking = True
             self._probability = None  # the caller went on: the next pause asks anew
-            self._transcript = None  # ... and its transcript is of other audio
+            self._transcript = self._heard = None  # ... and its transcript is of other audio
             return [event]
         self._speaking = False
         if self.model is None and self.end_silence_s is None:
@@ -155,12 +159,23 @@ class TurnTaker:
             return None
         silence = now - self._pending[-1].last_voiced_t
         if self.model is None:
-            return self._end(now, "silence") if silence >= self.end_silence_s else None
+            if silence < self.end_silence_s:
+                return None
+            if self._heard is not None and dangling_word(self._heard):
+                # "I'd like a cleaning for next ... Tuesday": the words say the caller is not done.
+                return self._end(now, "timeout") if silence >= self.policy.max_silence_s else None
+            return self._end(now, "silence")
         t = self._transcript
         transcript = t.result() if t is not None and t.done() and not t.cancelled() else None
         if self.policy.decide(silence, self._probability, transcript).action == "end":
             return self._end(now, "timeout")
         return None
+
+    def heard(self, samples: int, text: str) -> None:
+        """The words of the pending turn's first `samples` samples (a pause's transcript):
+        kept while they are the words of all of it (the caller has not spoken since)."""
+        if self._pending and not self._speaking and samples == self.pending_samples:
+            self._heard = text
 
     def flush(self) -> TurnEnd | None:
         """The stream ended (not a hang-up): a waiting turn is answered."""
@@ -179,7 +194,7 @@ class TurnTaker:
         probability, self._probability = self._probability, None
         # The last pause's transcript is of this very audio unless a piece came after it
         # (max_length / flush end on a new piece: the pause saw none of it).
-        transcript, self._transcript = self._transcript, None
+        transcript, self._transcript, self._heard = self._transcript, None, None
         if reason in ("max_length", "flush") and transcript is not None:
             transcript = None
         return TurnEnd(merged, reason, probability, len(pieces), transcript)
