@@ -119,6 +119,20 @@ def test_slots_come_from_the_database_at_that_moment(dental):
     assert not v.ok and v.correction == "The open slots are: " + "; ".join(now) + "."
 
 
+def test_a_person_and_a_part_of_the_day_must_fit_one_open_slot(dental):
+    """"Dr. Patel is free on Wednesday afternoon": Wednesday's one slot is Dr. Moreno's
+    (bench pipeline's line p3, passed by the guard before this rule)."""
+    assert ok(dental, "Dr. Moreno is free on Wednesday afternoon.")
+    assert not ok(dental, "Dr. Patel is free on Wednesday afternoon.")
+    assert not ok(dental, "Dr. Moreno is free on Wednesday morning.")  # 2:15 p.m. is the afternoon
+    assert ok(dental, "Dr. Patel can see you on Friday morning.")
+    assert not ok(dental, "Dr. Patel can see you on Friday afternoon.")
+    # Each day is a claim: both days have a morning slot, Wednesday has none.
+    assert ok(dental, "Dr. Patel has openings in the morning on Tuesday and Friday.")
+    assert not ok(dental, "There are openings in the morning on Tuesday and Wednesday.")
+    assert ok(dental, "The consultation is free.")  # a price, not a slot
+
+
 def test_two_slots_in_one_clause_are_two_claims(guards):
     bistro = guards["bistro"]
     assert ok(bistro, "Tomorrow, we have a table for 4 at 6:00 p.m. and a table for 2 at 9:00 p.m.")

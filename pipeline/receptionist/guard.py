@@ -132,6 +132,10 @@ _DAY = re.compile(rf"\b{_DAY_NAME}s?\b")
 _DAY_RANGE = re.compile(rf"\b{_DAY_NAME}s? (?:to|through|thru|-) {_DAY_NAME}s?\b")
 _WEEK_WORDS = _words("weekdays?", "weekends?", "every day", "daily", "all week", "7 days a week")
 _RELATIVE = _words("today", "tonight", "tomorrow")
+# A part of the day a slot claim names: a slot fits only if its time falls in it ("Dr. Patel
+# is free on Wednesday afternoon" when Wednesday's one slot is 9 a.m., or is Dr. Moreno's).
+_PART_OF_DAY = re.compile(r"\b(morning|afternoon|evening)s?\b")
+_PART_HOURS = {"morning": (0, 12), "afternoon": (12, 17), "evening": (17, 24)}
 _DOCTOR = re.compile(r"\bdr (\w+)")
 _NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|neither|nor|cannot|unfortunately|without)\b|n't\b")
 _HEDGE = re.compile(r"\b(?:not sure|don't know|do not know|can't confirm|cannot confirm|i'll check|let me check|"
@@ -140,7 +144,8 @@ _CLAUSE = re.compile(r"[;,]|:(?!\d)| - |\bbut\b|\bwhile\b|\bhowever\b|\band (?=(
 _CLOSED = re.compile(r"\bclosed\b|\b(?:not|n't|never) (?:be )?open\b|\bshut\b")
 _OPEN = re.compile(r"\bopen\b")
 _HOURS_WORD = _words("open", "opens", "close", "closes", "closing", "hours", "until", "till")
-_AVAILABLE = _words("slots?", "openings?(?! hours)", "available", "availability", r"vacanc\w+", "free at", "table for",
+_AVAILABLE = _words("slots?", "openings?(?! hours)", "available", "availability", r"vacanc\w+", "free at",
+                    "(?:is|are|be) free", "can see you", "table for",
                     "tables? (?:at|on|for)", "book(?:ing)? (?:you |it |that )?(?:for|on|at|in)", "appointments? (?:at|on)")
 _FOR_N = re.compile(r"\b(?:for|of|seats?) (\d+)\b")
 _OFFER = _words("we (?:do |also )?(?:offer|have|provide|sell|carry|serve|accept|take|support|do)",
@@ -535,13 +540,17 @@ class FactGuard:
             for part in _per_time(clause):  # "a table for 4 at 6 pm and a table for 2 at 9 pm": two claims
                 times, days, rel, counts = _TIME.findall(part), _days_in(part), _RELATIVE.findall(part), \
                     _FOR_N.findall(part)
-                if not (times or days or rel or counts):
+                parts = _PART_OF_DAY.findall(part)
+                if not (times or days or rel or counts or parts):
                     continue
-                if not any(all(_has_figure(label, t) for t in times)
-                           and all(_DAY_WORDS_RE[d].search(label) for d in days)
-                           and all(r in label for r in rel)
-                           and (len(doctors) != 1 or doctors[0] in label)
-                           and all(re.search(rf"\b(?:for|of) {n}\b", label) for n in counts) for label in labels):
+                # Each day named is a claim of its own ("mornings on Tuesday and Friday").
+                if not all(any(all(_has_figure(label, t) for t in times)
+                               and (day is None or _DAY_WORDS_RE[day].search(label))
+                               and all(r in label for r in rel)
+                               and all(_in_part_of_day(label, p) for p in parts)
+                               and (len(doctors) != 1 or doctors[0] in label)
+                               and all(re.search(rf"\b(?:for|of) {n}\b", label) for n in counts) for label in labels)
+                           for day in days or [None]):
                     slots = self._open_slots(s)
                     if not slots:
                         return Verdict(False, "no slot is open", "There are no open slots right now.")
@@ -781,6 +790,18 @@ def _end(text: str) -> str:
     """A fact as the end of a sentence: one full stop ("6 p.m." keeps its own)."""
     text = text.strip()
     return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def _in_part_of_day(label: str, part: str) -> bool:
+    """A slot's label (normalised) is in the morning / afternoon / evening: its time is, or
+    it names that part itself."""
+    lo, hi = _PART_HOURS[part]
+    for t in _TIME.findall(label):
+        hour, _, rest = t.partition(" ")[0].partition(":")
+        h = int(hour) % 12 + (12 if t.endswith("pm") else 0)
+        if lo <= h + (int(rest) / 60 if rest else 0) < hi:
+            return True
+    return part in label
 
 
 def _per_time(clause: str) -> list[str]:
