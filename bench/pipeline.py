@@ -51,6 +51,10 @@ The default lines (15; or --wav files): 5 receptionist questions, 6 lines spoken
 Delta Dental insurance?"), and 4 lines the caller trails off at. Every third line
 (--other-voice-every) is spoken by espeak-ng, a voice other than the agent's Piper voice
 (apt-get install espeak-ng; without it those lines fall back to Piper with a warning).
+Then --human-lines (default 5) human readings, LJ Speech clips ($SPECVOICE_SPEECH_DATA,
+else ../shared/data/speech), three of them with the --pause-ms pause after a word that
+leaves the sentence open ("... the immediate predecessors of | the true printed book,").
+Each voice (piper, espeak-ng, human) is also summarised apart.
 Per mode: voice-to-voice and first sentence p50/p90, end-of-turn delay, STT time after
 the end of the turn (stt_after_endpoint, else stt_latency), lines cut in two (answered
 in more than one turn), preemptive hit rate; the JSON also lists each line's voice and
@@ -84,6 +88,17 @@ TRAILING = [
     "My insurance is with Aetna, but",
     "So the cleaning would be on Friday then, and",
 ]
+# Human readings (LJ Speech, public domain): (clip, first part, second part or None). The
+# paused ones are cut after a word that leaves the sentence open, as the Piper lines are.
+HUMAN = [
+    ("LJ001-0004.wav", "produced the block books, which were the immediate predecessors of", "the true printed book,"),
+    ("LJ001-0006.wav", "And it is worth mention in passing that,", "as an example of fine typography,"),
+    ("LJ001-0013.wav", "than in the same operations with", "ugly ones."),
+    ("LJ001-0002.wav", "in being comparatively modern.", None),
+    ("LJ001-0008.wav", "has never been surpassed.", None),
+]
+HUMAN_VOICE = "human"
+NO_TOOLS = "-no_tools"  # --without-tools: the label of a mode's run with [tools] enabled = false
 TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive")
 MODE_ALIASES = {"silence": "baseline"}  # the old name (README commands)
 # Each mode's turn ending and STT: config.turn fields, and stt.streaming.
@@ -119,6 +134,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--turn-modes default lines: how many two-part lines (default: %(default)s)")
     parser.add_argument("--trailing-lines", type=int, default=len(TRAILING),
                         help="--turn-modes default lines: how many lines that trail off (default: %(default)s)")
+    parser.add_argument("--without-tools", action="store_true",
+                        help="--turn-modes: run each mode a second time with [tools] enabled = false (no turn plan, "
+                             "no tool calls), labelled MODE-no_tools, beside it in the same run: what the plan costs "
+                             "a plain question")
+    parser.add_argument("--human-lines", type=int, default=len(HUMAN), metavar="N",
+                        help="--turn-modes default lines: how many human readings (LJ Speech clips, the first "
+                             "three with a pause inserted) after the synthetic lines; 0: none (default: %(default)s)")
     parser.add_argument("--other-voice-every", type=int, default=OTHER_VOICE_EVERY, metavar="N",
                         help="--turn-modes default lines: every Nth line is spoken by espeak-ng instead of the "
                              "agent's Piper voice; 0: Piper only (default: %(default)s)")
@@ -200,10 +222,11 @@ def _mode_config(config, mode: str):
 
 
 def default_lines(turns: int = len(QUESTIONS), paused: int = len(PAUSED), trailing: int = len(TRAILING),
-                  other_voice_every: int = OTHER_VOICE_EVERY) -> list[dict]:
+                  other_voice_every: int = OTHER_VOICE_EVERY, human: int = 0) -> list[dict]:
     """--turn-modes' default lines, in the order spoken: name (the WAV's stem), kind
-    (question, paused, trailing), text, split (the paused line's two parts, else None) and
-    voice ("espeak-ng" for every `other_voice_every`th line, else "piper")."""
+    (question, paused, trailing, human), text, split (the paused line's two parts, else
+    None) and voice ("espeak-ng" for every `other_voice_every`th synthetic line, else
+    "piper"; "human" for the last `human` lines, LJ Speech clips named by `clip`)."""
     lines = [{"name": f"q{i}", "kind": "question", "text": t, "split": None} for i, t in enumerate(QUESTIONS[:turns])]
     lines += [{"name": f"p{i}", "kind": "paused", "text": f"{a} {b}", "split": (a, b)}
               for i, (a, b) in enumerate(PAUSED[:paused])]
@@ -211,7 +234,44 @@ def default_lines(turns: int = len(QUESTIONS), paused: int = len(PAUSED), traili
     for i, line in enumerate(lines):
         other = other_voice_every > 0 and (i + 1) % other_voice_every == 0
         line["voice"] = ESPEAK if other else "piper"
+    for i, (clip, first, second) in enumerate(HUMAN[:human]):
+        lines.append({"name": f"h{i}", "kind": "paused" if second else "human", "clip": clip, "voice": HUMAN_VOICE,
+                      "text": f"{first} {second}" if second else first, "split": (first, second) if second else None})
     return lines
+
+
+def speech_dir() -> Path:
+    """The LJ Speech clips: $SPECVOICE_SPEECH_DATA, else ../shared/data/speech beside the repo."""
+    import os
+
+    from bench import ROOT
+
+    env = os.environ.get("SPECVOICE_SPEECH_DATA")
+    return Path(env) if env else ROOT / ".." / "shared" / "data" / "speech"
+
+
+def per_voice(lines: list[dict], report: dict, key: str = "voice") -> dict:
+    """The lines grouped by `key` (voice, or kind), each group apart: how many lines, how
+    many cut in two, voice-to-voice and first sentence p50/p90 of their turns (a line's
+    turns are the next `turns_per_line` turns of the call)."""
+    out: dict[str, dict] = {}
+    at, turns = 0, report["turns"]
+    for line, n in zip(lines, report["turns_per_line"]):
+        v = out.setdefault(line.get(key, "file"), {"lines": 0, "cut": 0, "v2v": [], "first": []})
+        v["lines"] += 1
+        v["cut"] += n > 1
+        for t in turns[at:at + n]:
+            for name, metric in (("v2v", "voice_to_voice"), ("first", "first_sentence_latency")):
+                if t["metrics"].get(metric) is not None:
+                    v[name].append(t["metrics"][metric] * 1000)
+        at += n
+
+    def spread(values: list[float]) -> dict:
+        return {"p50": _pct(values, 0.5), "p90": _pct(values, 0.9), "n": len(values)}
+
+    return {group: {"lines": v["lines"], "cut": v["cut"], "cutoff_rate": round(v["cut"] / v["lines"], 4),
+                    "voice_to_voice_ms": spread(v["v2v"]), "first_sentence_ms": spread(v["first"])}
+            for group, v in out.items()}
 
 
 def espeak_available() -> bool:
@@ -328,7 +388,7 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
     import numpy as np
 
     from pipeline.agent import load_end_of_turn
-    from voice.wav import write_wav
+    from voice.wav import read_wav, write_wav
 
     wavs = list(args.wav or [])
     lines = [{"name": Path(w).stem, "kind": "file", "text": None, "voice": "file", "paused": False} for w in wavs]
@@ -337,7 +397,12 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
             chunks = list(models.tts.synthesize(text))
             return np.concatenate([c.pcm for c in chunks]), chunks[0].sample_rate
 
-        lines = default_lines(args.turns, args.paused_lines, args.trailing_lines, args.other_voice_every)
+        lines = default_lines(args.turns, args.paused_lines, args.trailing_lines, args.other_voice_every,
+                              args.human_lines)
+        if any(line["voice"] == HUMAN_VOICE for line in lines) and not (speech_dir() / HUMAN[0][0]).is_file():
+            print(f"warning: the LJ Speech clips are not in {speech_dir()} (set SPECVOICE_SPEECH_DATA): "
+                  "no human lines", file=sys.stderr)
+            lines = [line for line in lines if line["voice"] != HUMAN_VOICE]
         if any(line["voice"] == ESPEAK for line in lines) and not espeak_available():
             print(f"warning: {ESPEAK} not found (apt-get install espeak-ng): the lines meant for a second voice "
                   "are spoken by Piper too", file=sys.stderr)
@@ -346,6 +411,8 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
         for line in lines:
             if line["voice"] == ESPEAK:
                 pcm, rate = espeak_speak(line["text"], work)
+            elif line["voice"] == HUMAN_VOICE:
+                pcm, rate = read_wav(speech_dir() / line["clip"])
             else:
                 # A paused line is the whole sentence spoken at once, split at the quietest
                 # point near the word boundary: said apart, Piper ends the fragment as a
@@ -358,7 +425,8 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
             line["pause_ms"] = args.pause_ms if line["split"] else None
             wavs.append(write_wav(work / f"{line['name']}.wav", pcm, rate))
         print(f"{len(lines)} lines, {sum(line['paused'] for line in lines)} with a {args.pause_ms} ms pause, "
-              f"{sum(line['voice'] == ESPEAK for line in lines)} spoken by {ESPEAK}", file=sys.stderr)
+              f"{sum(line['voice'] == ESPEAK for line in lines)} spoken by {ESPEAK}, "
+              f"{sum(line['voice'] == HUMAN_VOICE for line in lines)} human readings", file=sys.stderr)
     for line, wav in zip(lines, wavs):
         line.pop("split", None)
         line["wav"] = str(wav)
@@ -379,12 +447,18 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
 
                     other_stt[cfg.stt.engine] = load_stt(cfg, _threads(cfg, None)[1])  # as AgentModels.load
                 mode_models = dataclasses.replace(models, stt=other_stt[cfg.stt.engine])
-            print(f"call with turn mode {mode} (STT: {cfg.stt.engine} {cfg.stt.model_for_engine}):", file=sys.stderr,
-                  flush=True)
-            runs[mode] = await _play_lines(cfg, mode_models, end_of_turn, wavs, work, mode)
+            variants = [(mode, cfg)]
+            if args.without_tools:
+                variants.append((f"{mode}{NO_TOOLS}", cfg.model_copy(update={
+                    "tools": cfg.tools.model_copy(update={"enabled": False})})))
+            for label, c in variants:
+                print(f"call with turn mode {label} (STT: {c.stt.engine} {c.stt.model_for_engine}, tools "
+                      f"{'on' if c.tools.enabled else 'off'}):", file=sys.stderr, flush=True)
+                runs[label] = await _play_lines(c, mode_models, end_of_turn, wavs, work, label)
 
     asyncio.run(main())
-    summaries = {mode: _mode_summary(rep, len(wavs)) for mode, rep in runs.items()}
+    summaries = {mode: {**_mode_summary(rep, len(wavs)), "voices": per_voice(lines, rep),
+                        "kinds": per_voice(lines, rep, "kind")} for mode, rep in runs.items()}
     print(f"\n{'mode':<13} {'v2v p50':>8} {'p90':>6} | {'1st sent p50':>12} {'p90':>6} | {'eot p50':>7} | "
           f"{'stt p50':>7} | {'stt after end':>13} {'p90':>6} | cut  | turns/lines | preemptive kept")
     for mode, s in summaries.items():
@@ -394,13 +468,19 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
         print(f"{mode:<13} {_fmt(v['p50'], 1, 8)} {_fmt(v['p90'], 1, 6)} | {_fmt(f['p50'], 1, 12)} "
               f"{_fmt(f['p90'], 1, 6)} | {_fmt(s['eot_delay_ms']['p50'], 1, 7)} | {_fmt(s['stt_latency_ms']['p50'], 1, 7)} | "
               f"{_fmt(a['p50'], 1, 13)} {_fmt(a['p90'], 1, 6)} | {cut:<4} | {s['turns']:>5}/{s['lines']:<5} | {hit}")
+    print(f"\n{'mode':<27} {'lines':<10} {'n':>3} {'cut':>4} | {'v2v p50':>8} {'p90':>6} | {'1st sent p50':>12}")
+    for mode, s in summaries.items():
+        for group, v in [*s["voices"].items(), *s["kinds"].items()]:
+            print(f"{mode:<27} {group:<10} {v['lines']:>3} {v['cut']:>4} | {_fmt(v['voice_to_voice_ms']['p50'], 1, 8)} "
+                  f"{_fmt(v['voice_to_voice_ms']['p90'], 1, 6)} | {_fmt(v['first_sentence_ms']['p50'], 1, 12)}")
     if args.out:
         result = {"bench": "pipeline-turn-modes", "machine": platform.platform(), "config": args.config or "default",
                   "wavs": [str(w) for w in wavs], "pause_ms": args.pause_ms, "lines": lines,
-                  "mode_settings": {mode: {"turn": MODE_SETTINGS[mode][0], "stt_streaming": MODE_SETTINGS[mode][1],
-                                           "stt_engine": _mode_config(config, mode).stt.engine,
-                                           "stt_model": _mode_config(config, mode).stt.model_for_engine}
-                                    for mode in summaries},
+                  "mode_settings": {label: {"turn": MODE_SETTINGS[mode][0], "stt_streaming": MODE_SETTINGS[mode][1],
+                                            "stt_engine": _mode_config(config, mode).stt.engine,
+                                            "stt_model": _mode_config(config, mode).stt.model_for_engine,
+                                            "tools": config.tools.enabled and not label.endswith(NO_TOOLS)}
+                                    for label in summaries for mode in [label.removesuffix(NO_TOOLS)]},
                   "modes": summaries,
                   "per_turn": {mode: [{"user_text": t["user_text"], "agent_text": t["agent_text"],
                                        "metrics": t["metrics"], "end_of_turn": t.get("end_of_turn"),

@@ -83,6 +83,20 @@ def test_default_line_set_options():
     assert all(line["voice"] == "espeak-ng" for line in lines)
 
 
+def test_human_lines_come_after_the_synthetic_ones_and_each_voice_is_summarised_apart():
+    lines = bench.default_lines(turns=2, paused=1, trailing=0, other_voice_every=2, human=3)
+    assert [line["voice"] for line in lines] == ["piper", "espeak-ng", "piper", "human", "human", "human"]
+    first, second = lines[3]["split"]
+    assert lines[3]["text"] == f"{first} {second}" and first.endswith(" of") and lines[3]["clip"].endswith(".wav")
+    # Three lines, the second answered in two turns (cut in two): its turns count for its voice.
+    report = {"turns_per_line": [1, 2, 1], "turns": [{"metrics": {"voice_to_voice": x}} for x in (1.0, 2.0, 3.0, 4.0)]}
+    voices = bench.per_voice([{"voice": "piper"}, {"voice": "human"}, {"voice": "piper"}], report)
+    assert voices["human"]["cut"] == 1 and voices["human"]["voice_to_voice_ms"]["n"] == 2
+    assert {k: voices["piper"][k] for k in ("lines", "cut", "cutoff_rate", "voice_to_voice_ms")} == {
+        "lines": 2, "cut": 0, "cutoff_rate": 0.0,
+        "voice_to_voice_ms": {"p50": bench._pct([1000.0, 4000.0], 0.5), "p90": bench._pct([1000.0, 4000.0], 0.9), "n": 2}}
+
+
 def test_help_defaults_keep_the_pause_in_range():
     import argparse
 
@@ -167,10 +181,50 @@ def test_run_turn_modes_writes_lines_and_per_mode_summary(config, tmp_path, monk
     assert len(lines) == len(played["baseline"][3]) >= 15 and sum(line["paused"] for line in lines) >= 5
     assert all(Path(line["wav"]).is_file() for line in lines)
     espeak = shutil.which("espeak-ng") is not None
-    assert sum(line["voice"] == "espeak-ng" for line in lines) == (len(lines) // 3 if espeak else 0)
+    synthetic = [line for line in lines if line["voice"] != "human"]
+    assert sum(line["voice"] == "espeak-ng" for line in lines) == (len(synthetic) // 3 if espeak else 0)
+    human = [line for line in lines if line["voice"] == "human"]
+    if (bench.speech_dir() / bench.HUMAN[0][0]).is_file():  # the LJ Speech clips (tests/conftest.py)
+        assert len(human) == len(bench.HUMAN) and sum(line["paused"] for line in human) == 3
+        assert out["modes"]["baseline"]["voices"]["human"]["lines"] == len(human)
     for mode in bench.TURN_MODES:
         s = out["modes"][mode]
         assert s["voice_to_voice_ms"]["p50"] == 1000.0 and s["stt_after_endpoint_ms"]["p50"] == 200.0
         assert s["cutoff_rate"] == 0.0 and s["turns"] == s["lines"] == len(lines)
     assert out["modes"]["preemptive"]["preemptive_hit_rate"] == 1.0
     assert "stt after end" in capsys.readouterr().out
+
+
+def test_without_tools_runs_each_mode_again_with_tools_off_in_the_same_run(config, tmp_path, monkeypatch):
+    import argparse
+    import json
+    from types import SimpleNamespace
+
+    rate = 22050
+
+    def synthesize(text):
+        t = np.arange(int(rate * 0.05 * len(text.split()))) / rate
+        yield SimpleNamespace(pcm=(0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), sample_rate=rate)
+
+    played = {}
+
+    async def play_lines(cfg, models, end_of_turn, wavs, report_dir, label):
+        played[label] = cfg.tools.enabled
+        turns = [{"user_text": "x", "agent_text": "y", "metrics": {"voice_to_voice": 1.0, "stt_latency": 0.2}}
+                 for _ in wavs]
+        return {"turns": turns, "turns_per_line": [1] * len(wavs), "report_path": "r.json", "summary": {}}
+
+    monkeypatch.setattr(bench, "_play_lines", play_lines)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--turn-modes", "baseline", "--without-tools", "--other-voice-every", "0",
+                              "--human-lines", "0", "--out", str(tmp_path / "out.json")])
+    config = config.model_copy(update={"tools": config.tools.model_copy(update={"enabled": True})})
+    models = SimpleNamespace(tts=SimpleNamespace(synthesize=synthesize), end_of_turn=None)
+    (tmp_path / "work").mkdir()
+    assert bench._run_turn_modes(args, config, models, tmp_path / "work", ["baseline"]) == 0
+    assert played == {"baseline": True, "baseline-no_tools": False}
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["mode_settings"]["baseline-no_tools"]["tools"] is False and out["mode_settings"]["baseline"]["tools"]
+    assert out["modes"]["baseline"]["kinds"]["question"]["lines"] == len(bench.QUESTIONS)
+
