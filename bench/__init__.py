@@ -20,6 +20,14 @@ BOOKING_DIALOGUES = DATA / "booking_dialogues.json"  # booking dialogues (bench 
 RESULTS = Path(__file__).resolve().parent / "results"  # the saved runs the README quotes
 
 
+def speech_dir() -> Path:
+    """The LJ Speech clips: $SPECVOICE_SPEECH_DATA, else ../shared/data/speech beside the repo."""
+    import os
+
+    env = os.environ.get("SPECVOICE_SPEECH_DATA")
+    return Path(env) if env else ROOT / ".." / "shared" / "data" / "speech"
+
+
 def report_header(benchmark: str, llm) -> dict:
     """The fields every model benchmark's JSON opens with: what ran, where, on which models
     (`llm`: the config's [llm] section)."""

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import write_json
+from bench import speech_dir, write_json
 
 HELP = ("a scripted multi-turn call, speculation on vs off: per-turn latency side by side "
         "(--turn-modes: baseline, streaming_stt, smart_turn, preemptive turn endings)")
@@ -238,16 +238,6 @@ def default_lines(turns: int = len(QUESTIONS), paused: int = len(PAUSED), traili
         lines.append({"name": f"h{i}", "kind": "paused" if second else "human", "clip": clip, "voice": HUMAN_VOICE,
                       "text": f"{first} {second}" if second else first, "split": (first, second) if second else None})
     return lines
-
-
-def speech_dir() -> Path:
-    """The LJ Speech clips: $SPECVOICE_SPEECH_DATA, else ../shared/data/speech beside the repo."""
-    import os
-
-    from bench import ROOT
-
-    env = os.environ.get("SPECVOICE_SPEECH_DATA")
-    return Path(env) if env else ROOT / ".." / "shared" / "data" / "speech"
 
 
 def per_voice(lines: list[dict], report: dict, key: str = "voice") -> dict:

@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import write_json
-from bench.voice import (BUSINESS_VOCABULARY, DOMAIN_SENTENCES, _pad, _speech_dir, dialogue_questions,
+from bench import speech_dir, write_json
+from bench.voice import (BUSINESS_VOCABULARY, DOMAIN_SENTENCES, _pad, dialogue_questions,
                          noise_clips, piper_audio, wer_words)
 
 SETS = ("lj", "questions", "domain")
@@ -76,7 +76,7 @@ def _items(line, tts) -> list[tuple[str, str, str | None, "object"]]:
     from voice.audio import resample
     from voice.wav import read_wav
 
-    folder = _speech_dir()
+    folder = speech_dir()
     items = [("lj", "dental", c["transcript"], line(read_wav(folder / c["file"])[0]))
              for c in json.loads((folder / "manifest.json").read_text())["clips"]]
     sentences = [("questions", b, t) for b, t in dialogue_questions()] + [("domain", "dental", t) for t in DOMAIN_SENTENCES]
@@ -97,8 +97,8 @@ def run_engines(args: argparse.Namespace) -> int:
     from voice.tts import PiperTTS
     from voice.vocabulary import VocabularyMatcher
 
-    if not (_speech_dir() / "manifest.json").is_file():
-        print(f"error: speech clips not found at {_speech_dir()} (set SPECVOICE_SPEECH_DATA)", file=sys.stderr)
+    if not (speech_dir() / "manifest.json").is_file():
+        print(f"error: speech clips not found at {speech_dir()} (set SPECVOICE_SPEECH_DATA)", file=sys.stderr)
         return 1
     try:
         paths = {e.model: resolve_model(e.model, kind="stt") for e in ENGINES}

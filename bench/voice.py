@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench import DIALOGUES, ROOT, write_json
+from bench import DIALOGUES, speech_dir, write_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,13 +116,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --engines: CPU threads per STT engine (default: %(default)s)")
 
 
-def _speech_dir() -> Path:
-    env = os.environ.get("SPECVOICE_SPEECH_DATA")
-    if env:
-        return Path(env)
-    return ROOT / ".." / "shared" / "data" / "speech"
-
-
 def _summary(values: list[float]) -> dict:
     values = sorted(values)
     return {"mean": statistics.fmean(values), "median": statistics.median(values),
@@ -149,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from voice.vad import CHUNK, SileroModel, SileroVAD
     from voice.wav import read_wav
 
-    folder = _speech_dir()
+    folder = speech_dir()
     manifest = folder / "manifest.json"
     if not manifest.is_file():
         print(f"error: speech clips not found at {folder} (set SPECVOICE_SPEECH_DATA)", file=sys.stderr)
@@ -360,7 +353,7 @@ def run_vocabulary(args: argparse.Namespace) -> int:
     except ModelNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    folder = _speech_dir()
+    folder = speech_dir()
     manifest = folder / "manifest.json"
     if not manifest.is_file():
         print(f"error: speech clips not found at {folder} (set SPECVOICE_SPEECH_DATA)", file=sys.stderr)

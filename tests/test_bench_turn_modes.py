@@ -141,18 +141,21 @@ def test_espeak_missing_names_the_install_command(tmp_path, monkeypatch):
         bench.espeak_speak("Hello.", tmp_path)
 
 
+def fake_piper(text):
+    """Piper's chunks for `text`, faked: 50 ms of a 220 Hz tone a word, at 22.05 kHz."""
+    from types import SimpleNamespace
+
+    rate = 22050
+    t = np.arange(int(rate * 0.05 * len(text.split()))) / rate
+    yield SimpleNamespace(pcm=(0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), sample_rate=rate)
+
+
 def test_run_turn_modes_writes_lines_and_per_mode_summary(config, tmp_path, monkeypatch, capsys):
     """The whole --turn-modes run with a fake Piper and a fake call: WAVs for every default
     line (espeak-ng for every third, where installed), the table, and the JSON."""
     import argparse
     import json
     from types import SimpleNamespace
-
-    rate = 22050
-
-    def synthesize(text):
-        t = np.arange(int(rate * 0.05 * len(text.split()))) / rate
-        yield SimpleNamespace(pcm=(0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), sample_rate=rate)
 
     played = {}
 
@@ -168,7 +171,7 @@ def test_run_turn_modes_writes_lines_and_per_mode_summary(config, tmp_path, monk
     bench.add_arguments(parser)
     args = parser.parse_args(["--turn-modes", "all", "--out", str(tmp_path / "out.json")])
     modes, _ = bench.parse_turn_modes(args.turn_modes)
-    models = SimpleNamespace(tts=SimpleNamespace(synthesize=synthesize), end_of_turn=object())
+    models = SimpleNamespace(tts=SimpleNamespace(synthesize=fake_piper), end_of_turn=object())
     work = tmp_path / "work"
     work.mkdir()
     assert bench._run_turn_modes(args, config, models, work, modes) == 0
@@ -200,12 +203,6 @@ def test_without_tools_runs_each_mode_again_with_tools_off_in_the_same_run(confi
     import json
     from types import SimpleNamespace
 
-    rate = 22050
-
-    def synthesize(text):
-        t = np.arange(int(rate * 0.05 * len(text.split()))) / rate
-        yield SimpleNamespace(pcm=(0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), sample_rate=rate)
-
     played = {}
 
     async def play_lines(cfg, models, end_of_turn, wavs, report_dir, label):
@@ -220,7 +217,7 @@ def test_without_tools_runs_each_mode_again_with_tools_off_in_the_same_run(confi
     args = parser.parse_args(["--turn-modes", "baseline", "--without-tools", "--other-voice-every", "0",
                               "--human-lines", "0", "--out", str(tmp_path / "out.json")])
     config = config.model_copy(update={"tools": config.tools.model_copy(update={"enabled": True})})
-    models = SimpleNamespace(tts=SimpleNamespace(synthesize=synthesize), end_of_turn=None)
+    models = SimpleNamespace(tts=SimpleNamespace(synthesize=fake_piper), end_of_turn=None)
     (tmp_path / "work").mkdir()
     assert bench._run_turn_modes(args, config, models, tmp_path / "work", ["baseline"]) == 0
     assert played == {"baseline": True, "baseline-no_tools": False}
