@@ -158,7 +158,7 @@ def config(tmp_path, preemptive: bool = True, mode: str = "smart_turn", plan: bo
 
 
 def make_call(cfg, steps, backend, stt, model, log: list | None = None,
-              end_silence_s: float | None = None) -> tuple[Call, ScriptSource, LogSink]:
+              end_silence_s: float | None = None, tts=None) -> tuple[Call, ScriptSource, LogSink]:
     """A call on the script. `model` None and `end_silence_s`: silence mode with pauses
     (200 ms, the turn ends at `end_silence_s`); `model` None alone: plain silence mode, the
     endpointer's 500 ms end the turn."""
@@ -170,7 +170,7 @@ def make_call(cfg, steps, backend, stt, model, log: list | None = None,
     # The audio's own clock decides (clock 0): the same turns whatever this machine's speed.
     turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
                       end_silence_s=end_silence_s)
-    call = Call(cfg, source, sink, stt=stt, tts=ToneTTS(chunks=1, chunk_s=0.02), backend=backend,
+    call = Call(cfg, source, sink, stt=stt, tts=tts or ToneTTS(chunks=1, chunk_s=0.02), backend=backend,
                 endpointer=endpointer, turns=turns, mqtt=None,
                 on_event=lambda kind, data: log.append((kind, data)))
     return call, source, sink
@@ -259,7 +259,8 @@ async def test_silence_mode_with_pauses_announces_each_pause_and_ends_at_the_ful
 async def test_silence_mode_waits_longer_when_the_pause_words_leave_the_sentence_open():
     """Silence mode with pauses: at the full silence the turn ends, unless the words heard
     at the pause (heard(), from the preemptive start's STT) end on "for next": then it
-    waits up to max_silence_s. Words of other audio (the caller spoke since) do not count."""
+    waits up to max_silence_s; so do words that end on a comma. Words of other audio (the
+    caller spoke since) do not count."""
     from voice.endpointer import SpeechEnded, SpeechStarted
 
     def piece(start, end):
@@ -275,6 +276,11 @@ async def test_silence_mode_waits_longer_when_the_pause_words_leave_the_sentence
     assert t.on_time(1.0 + 0.5) is None and t.on_time(1.0 + 1.4) is None  # "next ...": still theirs
     end = t.on_time(1.0 + 1.5)
     assert end is not None and end.reason == "timeout"
+    t = taker()
+    await t.on_event(piece(0.0, 1.0))
+    t.heard(RATE, "And it is worth mention in passing,")  # a comma where the voice went on
+    assert t.on_time(1.0 + 1.4) is None
+    assert t.on_time(1.0 + 1.5).reason == "timeout"
     t = taker()
     await t.on_event(piece(0.0, 1.0))
     t.heard(RATE, "I would like a cleaning on Tuesday.")

@@ -174,6 +174,22 @@ def test_dangling_word(text, word):
     assert dangling_word(text) == word
 
 
+@pytest.mark.parametrize("text, ending", [
+    ("And it is worth mention in passing,", ","),  # a reader's comma pause (bench pipeline)
+    ("In being comparatively modern,", ","),
+    ("My insurance is with Aetna, but,", "but"),  # the dangling word first
+    ("I would like a cleaning for next", "next"),
+    ("Has never been surpassed.", None),
+    ("Can I book the Tuesday slot, please?", None),
+    ("Tuesday, Wednesday", None),  # a comma inside is not an ending
+    ("", None),
+])
+def test_open_ending(text, ending):
+    from voice.turn_detector import open_ending
+
+    assert open_ending(text) == ending
+
+
 @pytest.mark.models
 def test_a_human_reader_mid_sentence_scores_low():
     """LJ Speech: a person reading. Clips whose transcript ends on "," stop mid-sentence

@@ -193,6 +193,23 @@ def dangling_word(transcript: str) -> str | None:
     return None
 
 
+def open_ending(transcript: str) -> str | None:
+    """What in `transcript` leaves the sentence open: its dangling word (dangling_word), or
+    "," when it ends on a comma.
+
+    The STT writes a final comma where the voice went on rising, mid-sentence: the LJ
+    Speech readings that end on "," stop mid-sentence (test_a_human_reader_mid_sentence_scores_low),
+    and a reader's own pause after "in passing," was cut in two at 1 s of silence (bench
+    pipeline's human lines). Silence mode waits on either up to the silence timeout; a
+    whole turn transcribed with a comma (espeak-ng's flat "...of the clinic,") pays that
+    wait, a wrong "complete" answers half a sentence.
+    """
+    word = dangling_word(transcript)
+    if word is None and transcript.rstrip().endswith(","):
+        return ","
+    return word
+
+
 # ---------------------------------------------------------------- the end-of-turn rule
 
 

@@ -6,8 +6,8 @@ answers preemptively: pipeline/stages/preempt.py): the endpointer declares short
 (`turn.pause_ms`), each one is announced (its audio can be answered already), and the turn
 ends when the silence reaches `end_silence_s` (vad.end_silence_ms), on exactly the audio
 of the last pause unless the caller spoke again; when the pause's words are known (`heard`,
-from the preemptive start's STT) and end on one that leaves the sentence open ("... a
-cleaning for next", voice.turn_detector.dangling_word), it waits on up to
+from the preemptive start's STT) and leave the sentence open ("... a cleaning for next",
+"... in passing,": voice.turn_detector.open_ending), it waits on up to
 `turn.max_silence_ms` (reason "timeout"). With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
 the endpointer runs with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a
 *pause*. The pause's audio joins the pending turn, the model is asked once on the turn's
@@ -50,7 +50,7 @@ import numpy as np
 
 from pipeline.events import TurnEnd, TurnPending
 from voice.endpointer import SpeechEnded, SpeechStarted
-from voice.turn_detector import TurnPolicy, dangling_word
+from voice.turn_detector import TurnPolicy, open_ending
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,9 @@ class TurnTaker:
         if self.model is None:
             if silence < self.end_silence_s:
                 return None
-            if self._heard is not None and dangling_word(self._heard):
-                # "I'd like a cleaning for next ... Tuesday": the words say the caller is not done.
+            if self._heard is not None and open_ending(self._heard):
+                # "I'd like a cleaning for next ... Tuesday", "in passing, ... that": the words
+                # say the caller is not done.
                 return self._end(now, "timeout") if silence >= self.policy.max_silence_s else None
             return self._end(now, "silence")
         t = self._transcript
