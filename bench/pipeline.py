@@ -46,6 +46,10 @@ speculation in every run), one call per mode over the same lines, side by side
   smart_preemptive
                  Smart Turn, the config's STT and the LLM started at every pause beside
                  the model's decision (a "complete" keeps it at once), no streaming STT
+  silence_preemptive_no_ahead
+                 silence_preemptive without speaking ahead ([turn] speak_ahead = false):
+                 the answer's first sentence is synthesised after the turn ends, not
+                 while its silence runs out
 The default lines (15; or --wav files): 5 receptionist questions, 6 lines spoken with a
 --pause-ms pause (default 700 ms) after words that cannot end a turn ("Do you accept |
 Delta Dental insurance?"), and 4 lines the caller trails off at. Every third line
@@ -99,7 +103,8 @@ HUMAN = [
 ]
 HUMAN_VOICE = "human"
 NO_TOOLS = "-no_tools"  # --without-tools: the label of a mode's run with [tools] enabled = false
-TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive")
+TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive",
+              "silence_preemptive_no_ahead")
 MODE_ALIASES = {"silence": "baseline"}  # the old name (README commands)
 # Each mode's turn ending and STT: config.turn fields, and stt.streaming.
 MODE_SETTINGS = {
@@ -109,6 +114,7 @@ MODE_SETTINGS = {
     "preemptive": ({"mode": "smart_turn", "preemptive": True}, True),
     "silence_preemptive": ({"mode": "silence", "preemptive": True}, False),
     "smart_preemptive": ({"mode": "smart_turn", "preemptive": True}, False),
+    "silence_preemptive_no_ahead": ({"mode": "silence", "preemptive": True, "speak_ahead": False}, False),
 }
 OTHER_VOICE_EVERY = 3  # default lines: every third one spoken by espeak-ng, not Piper
 ESPEAK = "espeak-ng"

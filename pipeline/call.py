@@ -68,8 +68,7 @@ class Call:
         toolbox: ToolRunner | None = None, new_transcriber: Callable[[], StreamingTranscriber] | None = None,
     ):
         self.config, self.source, self.sink, self.greeting = config, source, sink, greeting
-        self.stt, self.tts, self.backend, self.endpointer = stt, tts, backend, endpointer
-        self.toolbox = toolbox  # the model may call tools (pipeline.receptionist.tools.ToolBox)
+        self.stt, self.backend, self.endpointer, self.toolbox = stt, backend, endpointer, toolbox
         self.call_id = call_id or new_call_id()
         self.history = History(system_prompt(config), config.agent.history_tokens, count_tokens)
         self.params = sampling_params(config)
@@ -95,7 +94,8 @@ class Call:
             config, stt, backend, self.params, self.history.messages, self.turn_taker, self.executor,
             self.events.emit, answering=lambda: self._responding is not None, new_transcriber=new_transcriber,
             first_round=lambda messages, text: first_round(messages, text, self.toolbox, config.tools.plan,
-                                                           self.backend.prefills, self.params))
+                                                           self.backend.prefills, self.params), tts=tts)
+        self.tts = self.transcripts.speech or tts  # with a preemptive answer's first sentence made ahead
         if self.transcripts.preemptor is not None:
             self.turn_taker.on_pause = self._paused  # the answer starts at the pause itself
 

@@ -177,6 +177,10 @@ class TurnConfig(Section):
     # far is transcribed and the prompt up to those words is prefilled into the LLM's K/V
     # (nothing generated; pipeline/stages/preempt.py SpeechPrefill). 0: off.
     speech_prefill_ms: int = Field(default=800, ge=0)
+    # With preemption: the first sentence of the answer being buffered is synthesised while
+    # the silence runs out (pipeline/stages/speak_ahead.py); a kept answer's audio is ready
+    # at the end of the turn. Only the exact sentence the turn says reuses it.
+    speak_ahead: bool = True
 
     @property
     def preempts(self) -> bool:

@@ -172,6 +172,9 @@ class Preemptor:
         # Told each pause's transcript as it is known: (samples of the turn's audio, text);
         # silence mode's turn-taker waits longer on "... for next" (stages/turn_taking.py).
         self.on_transcript: Callable[[int, str], None] | None = None
+        # Told each buffered token group of a generation (preemption, group): the first
+        # sentence is synthesised ahead (stages/speak_ahead.py).
+        self.on_group: Callable[[Preemption, TokenGroup], None] | None = None
         self.current: Preemption | None = None
         self.llm_starts = 0  # generations started, over the call
         self.prefilled: list[int] = []  # each speech prefill's tokens cached, over the call (SpeechPrefill)
@@ -364,6 +367,8 @@ class Preemptor:
                 async for group in stream:
                     p.groups.append(group)
                     p.changed.set()
+                    if self.on_group is not None and not p.stop.is_set():
+                        self.on_group(p, group)
         except asyncio.CancelledError:
             pass  # close(): the call ended
         except Exception as exc:  # a failing model: the turn will not keep this generation

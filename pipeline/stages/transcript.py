@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from llm.types import SamplingParams
 from pipeline.config import Config
 from pipeline.events import CallEvent, TurnEnd, TurnPending
-from pipeline.ports import LLMBackend, SpeechToText
+from pipeline.ports import LLMBackend, SpeechToText, TextToSpeech
+from pipeline.sentences import SentenceSplitter
 from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
 from pipeline.stages.listen import UtteranceTap
 from pipeline.stages.preempt import PreemptedBackend, Preemptor, SpeechPrefill, TurnPreemption
+from pipeline.stages.speak_ahead import PrimedSpeech, speak_ahead
 from pipeline.stages.turn_taking import TurnTaker
 from voice.streaming_stt import StreamingTranscriber
 from voice.stt import WhisperSTT
@@ -59,6 +61,7 @@ class TranscriptSources:
                  live: LiveTranscript | None = None, prefill: SpeechPrefill | None = None):
         self.stt, self.executor, self.preemptor, self.live = stt, executor, preemptor, live
         self.prefill = prefill
+        self.speech: PrimedSpeech | None = None  # the TTS with sentences made ahead (for_call)
         self._claims: dict[int, tuple[TurnPreemption | None, TurnTranscript | None]] = {}  # id(TurnEnd) ->
 
     @classmethod
@@ -67,19 +70,26 @@ class TranscriptSources:
                  emit: Callable[[CallEvent], None], *, answering: Callable[[], bool],
                  new_transcriber: Callable[[], StreamingTranscriber] | None = None,
                  first_round: Callable[[list[dict], str], tuple[list[dict], SamplingParams]] | None = None,
-                 ) -> "TranscriptSources":
+                 tts: TextToSpeech | None = None) -> "TranscriptSources":
         """A call's sources as its config asks. Preemption (turn.preempts) when the turn-taker
         has pauses to wait on: an end-of-turn model's, or silence mode's own (end_silence_s);
-        `first_round` says what the turn's first generation sends (Preemptor). Streaming STT
+        `first_round` says what the turn's first generation sends (Preemptor); with `tts`
+        and turn.speak_ahead, `speech` is the TTS to speak through (the preemptive answer's
+        first sentence made ahead, stages/speak_ahead.py). Streaming STT
         (stt.streaming): its passes wait while the agent is `answering` (the LLM needs the
         cores then)."""
-        preemptor = live = prefill = None
+        preemptor = live = prefill = speech = None
         if config.turn.preempts and (turns.model is not None or turns.end_silence_s is not None):
             turns.announce_pauses = True
             preemptor = Preemptor(stt, backend, params, messages, executor=executor, emit=emit,
                                   first_round=first_round)
             if turns.model is None:
                 preemptor.on_transcript = turns.heard  # "... for next" waits (silence mode)
+            if tts is not None and config.turn.speak_ahead:
+                speech = PrimedSpeech(tts, executor)
+                cfg = config.pipeline
+                preemptor.on_group = speak_ahead(speech, lambda: SentenceSplitter(cfg.first_clause,
+                                                                                  cfg.first_clause_min_words))
             if config.turn.speech_prefill_ms > 0 and getattr(backend, "prefill", None) is not None:
                 prefill = SpeechPrefill(preemptor, turns, config.turn.speech_prefill_ms / 1000, answering)
         if config.stt.streaming:
@@ -94,7 +104,9 @@ class TranscriptSources:
                 # Each pause is transcribed beside Smart Turn: a "complete" ending on a dangling
                 # word waits, and a turn ending there already has its transcript.
                 turns.transcribe_pause = live.transcribe_pause
-        return cls(stt, executor, preemptor, live, prefill)
+        sources = cls(stt, executor, preemptor, live, prefill)
+        sources.speech = speech
+        return sources
 
     @property
     def tap(self) -> UtteranceTap | None:

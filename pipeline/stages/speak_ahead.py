@@ -1,0 +1,158 @@
+"""Speaking ahead: the first sentence of a preemptive answer is synthesised while the
+caller's silence runs out, so that a kept answer's audio is ready when the turn ends.
+
+In silence mode the answer starts at the 200 ms pause (stages/preempt.py) and is mostly
+written before the turn ends at `vad.end_silence_ms`; what the caller still waited for
+after the end was Piper's first audio (0.1-0.3 s on two cores). Here the first sentence
+of the buffered answer, as the turn would hand it to TTS (the plan line held back, the
+call's sentence splitter), is synthesised meanwhile on the voice threads, and when the
+speak stage asks for that very text it plays those chunks (`PrimedSpeech.synthesize`).
+
+Nothing is played early and nothing changes what is said: audio made ahead is only ever
+used for the exact sentence text the speak stage asks for. A sentence the fact guard
+rewrites, or a preemption that is dropped, leaves audio nobody asks for; the oldest is
+forgotten when more is made (`keep`). One sentence per preemptive start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+
+from llm.types import TokenGroup
+from pipeline.ports import TextToSpeech
+from pipeline.sentences import SentenceSplitter
+from pipeline.stages.plan_step import PlanFilter
+from voice.tts import AudioChunk
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FirstSentence", "PrimedSpeech"]
+
+
+class FirstSentence:
+    """The first sentence the caller would hear of a generation, from its token groups:
+    the plan line held back (PlanFilter: an action's answer is the database's, not the
+    model's, so none), then the call's splitter."""
+
+    def __init__(self, splitter: SentenceSplitter):
+        self.filter, self.splitter = PlanFilter(), splitter
+        self.done = False
+
+    def feed(self, group: TokenGroup) -> str | None:
+        """The first sentence once this group completes it (once per generation), else None."""
+        if self.done:
+            return None
+        sentences = self.splitter.feed(self.filter.feed(group.text)) if group.text else []
+        if not sentences and group.finish_reason:
+            sentences = self.splitter.flush()
+        if sentences:
+            self.done = True
+            return sentences[0]
+        if group.finish_reason:
+            self.done = True
+        return None
+
+
+class _Ahead:
+    """One sentence being synthesised ahead: its chunks as they come, for one reader."""
+
+    def __init__(self) -> None:
+        self.chunks: list[AudioChunk] = []
+        self.cond = threading.Condition()
+        self.started = self.done = self.dropped = False
+        self.error: BaseException | None = None
+
+
+class PrimedSpeech:
+    """A TextToSpeech whose sentences can be made ahead (`prime`); `synthesize` plays a
+    primed sentence's chunks (waiting for those still being made), any other text as the
+    engine would. Other attributes are the engine's."""
+
+    def __init__(self, tts: TextToSpeech, executor: Executor, keep: int = 4):
+        self.tts, self.executor, self.keep = tts, executor, keep
+        self._ahead: OrderedDict[str, _Ahead] = OrderedDict()
+        self._lock = threading.Lock()
+        self.primed = self.used = 0  # sentences made ahead / played from them, over the call
+
+    def __getattr__(self, name: str):
+        return getattr(self.tts, name)
+
+    def prime(self, text: str) -> None:
+        """Start synthesising `text` on the executor (returns at once)."""
+        if not text.strip():
+            return
+        with self._lock:
+            if text in self._ahead:
+                return
+            ahead = self._ahead[text] = _Ahead()
+            while len(self._ahead) > self.keep:
+                _, old = self._ahead.popitem(last=False)
+                with old.cond:
+                    old.dropped = True
+            self.primed += 1
+        self.executor.submit(self._make, text, ahead)
+
+    def _make(self, text: str, ahead: _Ahead) -> None:
+        with ahead.cond:
+            if ahead.dropped:
+                return
+            ahead.started = True
+        try:
+            for chunk in self.tts.synthesize(text):
+                with ahead.cond:
+                    if ahead.dropped:
+                        break
+                    ahead.chunks.append(chunk)
+                    ahead.cond.notify_all()
+        except Exception as exc:  # the speak stage synthesises it again (and reports that)
+            log.warning("speaking ahead failed on %r: %r", text[:60], exc)
+            ahead.error = exc
+        finally:
+            with ahead.cond:
+                ahead.done = True
+                ahead.cond.notify_all()
+
+    def synthesize(self, text: str) -> Iterator[AudioChunk]:
+        with self._lock:
+            ahead = self._ahead.pop(text, None)
+        if ahead is not None:
+            with ahead.cond:
+                if not ahead.started:  # still queued: synthesise here instead (never wait on a queue)
+                    ahead.dropped, ahead = True, None
+        if ahead is None:
+            yield from self.tts.synthesize(text)
+            return
+        i = 0
+        while True:
+            with ahead.cond:
+                while i >= len(ahead.chunks) and not ahead.done:
+                    ahead.cond.wait()
+                chunk = ahead.chunks[i] if i < len(ahead.chunks) else None
+                failed = ahead.error is not None and chunk is None
+            if chunk is None:
+                break
+            if i == 0:
+                self.used += 1
+            i += 1
+            yield chunk
+        if failed and i == 0:
+            yield from self.tts.synthesize(text)  # made nothing: as if never primed
+        elif failed:
+            raise ahead.error  # part of it was played: the speak stage reports the sentence's failure
+
+
+def speak_ahead(primed: PrimedSpeech, new_splitter: Callable[[], SentenceSplitter]):
+    """The Preemptor's `on_group` hook: each preemptive generation's first sentence primed."""
+    last: list = [None, None]  # the preemption being read, its FirstSentence (one at a time)
+
+    def on_group(preemption: object, group: TokenGroup) -> None:
+        if last[0] is not preemption:
+            last[:] = [preemption, FirstSentence(new_splitter())]
+        if (sentence := last[1].feed(group)) is not None:
+            primed.prime(sentence)
+
+    return on_group
