@@ -140,6 +140,24 @@ def test_only_the_last_few_primed_sentences_are_kept(pool):
     assert speech.used == 1 and speech.primed == 3
 
 
+def test_the_hold_line_is_made_once_and_said_every_time_from_that_audio(pool):
+    """speak_ahead's hook pins the hold line at the first preemptive group; each turn that
+    acts says it from the audio made then."""
+    from pipeline.stages.speak_ahead import speak_ahead
+
+    engine = GatedTTS()
+    engine.gate.set()
+    speech = PrimedSpeech(engine, pool)
+    hook = speak_ahead(speech, SentenceSplitter, hold_line="One moment, please.")
+    hook(object(), group('{"act": "book", "slot": "Tue 10:30"'))
+    hook(object(), group('{"act": "cancel"'))
+    assert engine.began["One moment, please."].wait(30)
+    speech.pin("One moment, please.")  # already pinned: nothing new
+    for _ in range(3):  # the first may find it half made: it reads the chunks as they come
+        assert len(list(speech.synthesize("One moment, please."))) == 2
+    assert engine.asked == ["One moment, please."] and speech.used == 3
+
+
 @pytest.mark.parametrize("groups, first", [
     (["We're open ", "until six. ", "On Saturday"], "We're open until six."),  # free text
     (['{"act": "answer"}\n', "Yes, ", "we do. ", "Anything else?"], "Yes, we do."),  # plan line held back

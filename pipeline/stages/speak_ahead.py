@@ -12,6 +12,11 @@ Nothing is played early and nothing changes what is said: audio made ahead is on
 used for the exact sentence text the speak stage asks for. A sentence the fact guard
 rewrites, or a preemption that is dropped, leaves audio nobody asks for; the oldest is
 forgotten when more is made (`keep`). One sentence per preemptive start.
+
+A turn that acts (a booking) cannot be spoken ahead: its words come from the database
+after the turn ends. What the caller hears first there is the hold line ("One moment,
+please."), the same words every time: it is made once, at the call's first preemptive
+start, and kept (`pin`).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ class PrimedSpeech:
     def __init__(self, tts: TextToSpeech, executor: Executor, keep: int = 4):
         self.tts, self.executor, self.keep = tts, executor, keep
         self._ahead: OrderedDict[str, _Ahead] = OrderedDict()
+        self._pinned: dict[str, _Ahead] = {}  # lines said again and again (the hold line)
         self._lock = threading.Lock()
         self.primed = self.used = 0  # sentences made ahead / played from them, over the call
 
@@ -94,6 +100,14 @@ class PrimedSpeech:
                 with old.cond:
                     old.dropped = True
             self.primed += 1
+        self.executor.submit(self._make, text, ahead)
+
+    def pin(self, text: str) -> None:
+        """Make `text` once, in the background, and keep it for every time it is said."""
+        with self._lock:
+            if not text.strip() or text in self._pinned:
+                return
+            ahead = self._pinned[text] = _Ahead()
         self.executor.submit(self._make, text, ahead)
 
     def _make(self, text: str, ahead: _Ahead) -> None:
@@ -118,11 +132,15 @@ class PrimedSpeech:
 
     def synthesize(self, text: str) -> Iterator[AudioChunk]:
         with self._lock:
+            pinned = self._pinned.get(text)
             ahead = self._ahead.pop(text, None)
+        if pinned is not None:
+            ahead = pinned  # read, never used up
         if ahead is not None:
             with ahead.cond:
                 if not ahead.started:  # still queued: synthesise here instead (never wait on a queue)
-                    ahead.dropped, ahead = True, None
+                    ahead.dropped = ahead is not pinned
+                    ahead = None
         if ahead is None:
             yield from self.tts.synthesize(text)
             return
@@ -145,11 +163,14 @@ class PrimedSpeech:
             raise ahead.error  # part of it was played: the speak stage reports the sentence's failure
 
 
-def speak_ahead(primed: PrimedSpeech, new_splitter: Callable[[], SentenceSplitter]):
-    """The Preemptor's `on_group` hook: each preemptive generation's first sentence primed."""
+def speak_ahead(primed: PrimedSpeech, new_splitter: Callable[[], SentenceSplitter], hold_line: str = ""):
+    """The Preemptor's `on_group` hook: each preemptive generation's first sentence primed
+    (and `hold_line` pinned, at the first)."""
     last: list = [None, None]  # the preemption being read, its FirstSentence (one at a time)
 
     def on_group(preemption: object, group: TokenGroup) -> None:
+        if hold_line:
+            primed.pin(hold_line)  # once: pin() keeps it
         if last[0] is not preemption:
             last[:] = [preemption, FirstSentence(new_splitter())]
         if (sentence := last[1].feed(group)) is not None:

@@ -88,8 +88,10 @@ class TranscriptSources:
             if tts is not None and config.turn.speak_ahead:
                 speech = PrimedSpeech(tts, executor)
                 cfg = config.pipeline
+                hold_line = config.tools.hold_line if config.tools.enabled else ""
                 preemptor.on_group = speak_ahead(speech, lambda: SentenceSplitter(cfg.first_clause,
-                                                                                  cfg.first_clause_min_words))
+                                                                                  cfg.first_clause_min_words),
+                                                 hold_line)
             if config.turn.speech_prefill_ms > 0 and getattr(backend, "prefill", None) is not None:
                 prefill = SpeechPrefill(preemptor, turns, config.turn.speech_prefill_ms / 1000, answering)
         if config.stt.streaming:
