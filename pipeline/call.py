@@ -232,6 +232,8 @@ class Call:
     async def _turn_runner(self) -> None:
         if self.greeting:
             await self._one_at_a_time(self._greet(self.greeting))
+        if self.transcripts.speech is not None:
+            self.transcripts.speech.pin_fixed()  # the hold line and the fallback, before the caller speaks
         while (utterance := await self._utterances.get()) is not None:
             keys = isinstance(utterance, KeypadEntry)
             await self._one_at_a_time(self._keypad_turn(utterance) if keys else self._turn(utterance))

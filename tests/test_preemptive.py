@@ -158,7 +158,7 @@ def config(tmp_path, preemptive: bool = True, mode: str = "smart_turn", plan: bo
 
 
 def make_call(cfg, steps, backend, stt, model, log: list | None = None,
-              end_silence_s: float | None = None, tts=None) -> tuple[Call, ScriptSource, LogSink]:
+              end_silence_s: float | None = None, tts=None, greeting: str = "") -> tuple[Call, ScriptSource, LogSink]:
     """A call on the script. `model` None and `end_silence_s`: silence mode with pauses
     (200 ms, the turn ends at `end_silence_s`); `model` None alone: plain silence mode, the
     endpointer's 500 ms end the turn."""
@@ -171,7 +171,7 @@ def make_call(cfg, steps, backend, stt, model, log: list | None = None,
     turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
                       end_silence_s=end_silence_s)
     call = Call(cfg, source, sink, stt=stt, tts=tts or ToneTTS(chunks=1, chunk_s=0.02), backend=backend,
-                endpointer=endpointer, turns=turns, mqtt=None,
+                endpointer=endpointer, turns=turns, mqtt=None, greeting=greeting,
                 on_event=lambda kind, data: log.append((kind, data)))
     return call, source, sink
 

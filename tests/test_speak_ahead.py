@@ -140,22 +140,56 @@ def test_only_the_last_few_primed_sentences_are_kept(pool):
     assert speech.used == 1 and speech.primed == 3
 
 
-def test_the_hold_line_is_made_once_and_said_every_time_from_that_audio(pool):
-    """speak_ahead's hook pins the hold line at the first preemptive group; each turn that
-    acts says it from the audio made then."""
+def test_the_fixed_lines_are_made_once_and_said_every_time_from_that_audio(pool):
+    """The hold line and the fallback (`fixed`) are pinned once (the call's start); each
+    turn that says one plays the audio made then; the preemptive hook makes no copy."""
     from pipeline.stages.speak_ahead import speak_ahead
 
     engine = GatedTTS()
     engine.gate.set()
-    speech = PrimedSpeech(engine, pool)
-    hook = speak_ahead(speech, SentenceSplitter, hold_line="One moment, please.")
-    hook(object(), group('{"act": "book", "slot": "Tue 10:30"'))
-    hook(object(), group('{"act": "cancel"'))
-    assert engine.began["One moment, please."].wait(30)
-    speech.pin("One moment, please.")  # already pinned: nothing new
+    fixed = ("One moment, please.", "I'm not sure about that. I can take a message.")
+    speech = PrimedSpeech(engine, pool, fixed=fixed + ("  ",))
+    assert speech.fixed == fixed
+    speech.pin_fixed()
+    hook = speak_ahead(speech, SentenceSplitter)
+    hook(object(), group('{"act": "book", "slot": "Tue 10:30"'))  # an action: nothing to prime
+    assert all(engine.began[line].wait(30) for line in fixed)
+    speech.pin_fixed()  # already pinned: nothing new
     for _ in range(3):  # the first may find it half made: it reads the chunks as they come
-        assert len(list(speech.synthesize("One moment, please."))) == 2
-    assert engine.asked == ["One moment, please."] and speech.used == 3
+        for line in fixed:
+            assert len(list(speech.synthesize(line))) == 2
+    assert sorted(engine.asked) == sorted(fixed) and speech.used == 6
+
+
+def test_calls_on_one_engine_share_its_fixed_lines(pool):
+    """A server's calls speak through one engine: the second call's fixed lines are the
+    first call's audio (nothing made again); another engine makes its own."""
+    engine, other = GatedTTS(), GatedTTS()
+    engine.gate.set(), other.gate.set()
+    first, second = PrimedSpeech(engine, pool, fixed=("One moment.",)), PrimedSpeech(engine, pool, fixed=("One moment.",))
+    first.pin_fixed()
+    assert engine.began["One moment."].wait(30)
+    second.pin_fixed()
+    assert len(list(second.synthesize("One moment."))) == 2 and second.used == 1
+    third = PrimedSpeech(other, pool, fixed=("One moment.",))
+    third.pin_fixed()
+    assert len(list(third.synthesize("One moment."))) == 2
+    assert engine.asked == ["One moment."] and other.asked == ["One moment."]
+
+
+def test_a_fixed_line_that_failed_is_made_again_at_the_next_pin(pool):
+    engine = GatedTTS()
+    engine.fail = True
+    speech = PrimedSpeech(engine, pool, fixed=("One moment.",))
+    speech.pin_fixed()
+    assert engine.began["One moment."].wait(30)
+    with pytest.raises(RuntimeError):  # its reader tried once more, and failed the same way
+        list(speech.synthesize("One moment."))
+    engine.fail, engine.began = False, collections.defaultdict(threading.Event)
+    engine.gate.set()
+    PrimedSpeech(engine, pool, fixed=("One moment.",)).pin_fixed()  # the next call
+    assert engine.began["One moment."].wait(30)
+    assert len(list(speech.synthesize("One moment."))) == 2 and speech.used == 1
 
 
 @pytest.mark.parametrize("groups, first", [
@@ -205,3 +239,30 @@ async def test_a_kept_preemptive_answer_is_heard_from_audio_made_before_the_turn
             assert order == ["Sure.", "end_of_turn", "We open at nine."] and call.tts.used == 1
         else:
             assert order == ["end_of_turn", "Sure.", "We open at nine."] and isinstance(call.tts, LoggedTTS)
+
+
+async def test_a_call_makes_its_fallback_after_the_greeting_and_says_it_from_that_audio(tmp_path):
+    """With the fact guard on, the fallback is made once the greeting is out, before the
+    caller's turn ends; a turn whose sentence the guard stops says it from that audio."""
+    from callfakes import ScriptedBackend, ScriptedSTT, ToneTTS
+    from pipeline.receptionist.business import FALLBACK
+    from test_preemptive import config, make_call, silence, tone
+
+    log: list = []
+
+    class LoggedTTS(ToneTTS):
+        def synthesize(self, text):
+            log.append(("synthesize", text))
+            yield from super().synthesize(text)
+
+    cfg = config(tmp_path, True, "silence")
+    cfg = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"guard": True})})
+    call, _, _ = make_call(cfg, [silence(0.3), tone(1.0), silence(1.0)],
+                           ScriptedBackend(["A cleaning costs ", "$5000 with Dr. Smith."]),
+                           ScriptedSTT("How much is a cleaning with Dr. Smith?"), None, log, end_silence_s=0.5,
+                           tts=LoggedTTS(chunks=1, chunk_s=0.02), greeting="Hello, Riverside Dental.")
+    await asyncio.wait_for(call.run(), 120)
+    assert call.turns[0].heard_text == FALLBACK
+    said = [e[1] for e in log if e[0] == "synthesize"]
+    assert said[:2] == ["Hello, Riverside Dental.", FALLBACK] and said.count(FALLBACK) == 1
+    assert call.tts.used == 1

@@ -15,14 +15,19 @@ forgotten when more is made (`keep`). One sentence per preemptive start.
 
 A turn that acts (a booking) cannot be spoken ahead: its words come from the database
 after the turn ends. What the caller hears first there is the hold line ("One moment,
-please."), the same words every time: it is made once, at the call's first preemptive
-start, and kept (`pin`).
+please."), the same words every time; a sentence the fact guard stops is replaced by the
+business's fallback ("I'm not sure about that. ..."), also the same every time. These
+`fixed` lines are made when a call starts (after its greeting, while the caller has not
+spoken: `pin_fixed`) and kept (`pin`), once per TTS engine: the calls a server holds share
+its engine, so they share those lines' audio, and a later call makes none. Made at the
+first preemptive start instead, they took a core from that turn's answer.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -72,16 +77,30 @@ class _Ahead:
         self.error: BaseException | None = None
 
 
+# The pinned lines of each TTS engine, shared by every call speaking through it.
+_PINNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PINNED_LOCK = threading.Lock()
+
+
+def _pinned_lines(tts: TextToSpeech) -> dict[str, "_Ahead"]:
+    with _PINNED_LOCK:
+        try:
+            return _PINNED.setdefault(tts, {})
+        except TypeError:  # an engine that takes no weak reference: its lines are this call's
+            return {}
+
+
 class PrimedSpeech:
     """A TextToSpeech whose sentences can be made ahead (`prime`); `synthesize` plays a
     primed sentence's chunks (waiting for those still being made), any other text as the
     engine would. Other attributes are the engine's."""
 
-    def __init__(self, tts: TextToSpeech, executor: Executor, keep: int = 4):
+    def __init__(self, tts: TextToSpeech, executor: Executor, keep: int = 4, fixed: tuple[str, ...] = ()):
         self.tts, self.executor, self.keep = tts, executor, keep
+        self.fixed = tuple(line for line in fixed if line.strip())  # said again and again: pin_fixed
         self._ahead: OrderedDict[str, _Ahead] = OrderedDict()
-        self._pinned: dict[str, _Ahead] = {}  # lines said again and again (the hold line)
-        self._lock = threading.Lock()
+        self._pinned = _pinned_lines(tts)  # lines said again and again (the hold line), per engine
+        self._lock = _PINNED_LOCK  # guards _pinned (shared between calls) and _ahead
         self.primed = self.used = 0  # sentences made ahead / played from them, over the call
 
     def __getattr__(self, name: str):
@@ -105,10 +124,15 @@ class PrimedSpeech:
     def pin(self, text: str) -> None:
         """Make `text` once, in the background, and keep it for every time it is said."""
         with self._lock:
-            if not text.strip() or text in self._pinned:
+            if not text.strip() or text in self._pinned and self._pinned[text].error is None:
                 return
-            ahead = self._pinned[text] = _Ahead()
+            ahead = self._pinned[text] = _Ahead()  # new, or made again after a failure
         self.executor.submit(self._make, text, ahead)
+
+    def pin_fixed(self) -> None:
+        """Pin the `fixed` lines (the call's start: see the module docstring)."""
+        for line in self.fixed:
+            self.pin(line)
 
     def _make(self, text: str, ahead: _Ahead) -> None:
         with ahead.cond:
@@ -163,14 +187,11 @@ class PrimedSpeech:
             raise ahead.error  # part of it was played: the speak stage reports the sentence's failure
 
 
-def speak_ahead(primed: PrimedSpeech, new_splitter: Callable[[], SentenceSplitter], hold_line: str = ""):
-    """The Preemptor's `on_group` hook: each preemptive generation's first sentence primed
-    (and `hold_line` pinned, at the first)."""
+def speak_ahead(primed: PrimedSpeech, new_splitter: Callable[[], SentenceSplitter]):
+    """The Preemptor's `on_group` hook: each preemptive generation's first sentence primed."""
     last: list = [None, None]  # the preemption being read, its FirstSentence (one at a time)
 
     def on_group(preemption: object, group: TokenGroup) -> None:
-        if hold_line:
-            primed.pin(hold_line)  # once: pin() keeps it
         if last[0] is not preemption:
             last[:] = [preemption, FirstSentence(new_splitter())]
         if (sentence := last[1].feed(group)) is not None:

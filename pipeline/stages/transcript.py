@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from llm.types import SamplingParams
 from pipeline.config import Config
 from pipeline.events import CallEvent, TurnEnd, TurnPending
+from pipeline.receptionist.business import FALLBACK
 from pipeline.ports import LLMBackend, SpeechToText, TextToSpeech
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
@@ -58,10 +59,11 @@ class TranscriptSources:
     """The call's transcript sources (see the module docstring)."""
 
     def __init__(self, stt: SpeechToText, executor: Executor, preemptor: Preemptor | None = None,
-                 live: LiveTranscript | None = None, prefill: SpeechPrefill | None = None):
+                 live: LiveTranscript | None = None, prefill: SpeechPrefill | None = None,
+                 speech: PrimedSpeech | None = None):
         self.stt, self.executor, self.preemptor, self.live = stt, executor, preemptor, live
         self.prefill = prefill
-        self.speech: PrimedSpeech | None = None  # the TTS with sentences made ahead (for_call)
+        self.speech = speech  # the TTS with sentences made ahead (speak_ahead), or None
         self._claims: dict[int, tuple[TurnPreemption | None, TurnTranscript | None]] = {}  # id(TurnEnd) ->
 
     @classmethod
@@ -86,12 +88,12 @@ class TranscriptSources:
             if turns.model is None:
                 preemptor.on_transcript = turns.heard  # "... for next" waits (silence mode)
             if tts is not None and config.turn.speak_ahead:
-                speech = PrimedSpeech(tts, executor)
-                cfg = config.pipeline
                 hold_line = config.tools.hold_line if config.tools.enabled else ""
+                fallback = (config.business.fallback or FALLBACK) if config.agent.guard else ""
+                speech = PrimedSpeech(tts, executor, fixed=(hold_line, fallback))
+                cfg = config.pipeline
                 preemptor.on_group = speak_ahead(speech, lambda: SentenceSplitter(cfg.first_clause,
-                                                                                  cfg.first_clause_min_words),
-                                                 hold_line)
+                                                                                  cfg.first_clause_min_words))
             if config.turn.speech_prefill_ms > 0 and getattr(backend, "prefill", None) is not None:
                 prefill = SpeechPrefill(preemptor, turns, config.turn.speech_prefill_ms / 1000, answering)
         if config.stt.streaming:
@@ -106,9 +108,7 @@ class TranscriptSources:
                 # Each pause is transcribed beside Smart Turn: a "complete" ending on a dangling
                 # word waits, and a turn ending there already has its transcript.
                 turns.transcribe_pause = live.transcribe_pause
-        sources = cls(stt, executor, preemptor, live, prefill)
-        sources.speech = speech
-        return sources
+        return cls(stt, executor, preemptor, live, prefill, speech)
 
     @property
     def tap(self) -> UtteranceTap | None:
