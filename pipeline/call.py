@@ -112,8 +112,7 @@ class Call:
     def idle(self) -> bool:
         """No turn running or waiting, and the caller is not mid-utterance."""
         return (self._turn_task is None and self._utterances.empty() and not self.endpointer.in_speech
-                and not self.turn_taker.pending and not self._keypad.pending
-                and not self.transcripts.busy)
+                and not self.turn_taker.pending and not self._keypad.pending and not self.transcripts.busy)
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
@@ -181,8 +180,7 @@ class Call:
         if self._telemetry is not None:
             await self._telemetry.close(self.report.end_reason, self.report.error, self.report.to_dict()["summary"])
         for closing in (self.sink.aclose, self.backend.aclose):
-            # The backend too (its KV cache, ~10 MB a call for SmolLM2), now, not when the Call
-            # is dropped: a server keeps recent Calls listed.
+            # The backend's KV cache (~10 MB a call) freed now: a server keeps recent Calls listed.
             try:
                 await closing()
             except BaseException:
@@ -232,8 +230,8 @@ class Call:
     async def _turn_runner(self) -> None:
         if self.greeting:
             await self._one_at_a_time(self._greet(self.greeting))
-        if self.transcripts.speech is not None:
-            self.transcripts.speech.pin_fixed()  # the hold line and the fallback, before the caller speaks
+        if self.transcripts.speech is not None:  # the hold line and the fallback, before the caller speaks
+            self.transcripts.speech.pin_fixed()
         while (utterance := await self._utterances.get()) is not None:
             keys = isinstance(utterance, KeypadEntry)
             await self._one_at_a_time(self._keypad_turn(utterance) if keys else self._turn(utterance))
