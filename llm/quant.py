@@ -7,12 +7,14 @@ token before it (measured: logits off by up to 4.35, argmax flipped).
 
 Two batch-invariant int8 kernels, both with per-channel int8 weights:
 
-- fbgemm (preferred, x86): each row is divided by its own max |x|, and one pinned row
-  (+1, -1, 0, ...) is appended, so the dynamic quantiser always sees the range [-1, 1]
-  and quantises every row with the same parameters whatever else is in the batch. The
-  integer GEMM is exact; the row's max is multiplied back elementwise. Measured on the
-  2-core dev machine (1536 -> 8960): 0.45 ms for 1 row, 0.57 ms for 9, against
-  0.34 / 0.45 ms for plain (not invariant) fbgemm dynamic int8.
+- fbgemm (preferred, x86): each row is divided by its own max |x|, and every row gets two
+  pinned columns (+1, -1) whose weights are zero, so the dynamic quantiser always sees the
+  range [-1, 1] and quantises every row with the same parameters whatever else is in the
+  batch. The integer GEMM is exact (the zero columns add exactly 0); the row's max is
+  multiplied back elementwise. Measured on the 2-core dev machine (1536 -> 8960): 0.45 ms
+  for 1 row, 0.57 ms for 9, against 0.34 / 0.45 ms for plain (not invariant) fbgemm
+  dynamic int8 -- with the pin as an extra row, which doubled a one-token decode's rows.
+  Pinned columns give bit-identical outputs with one row fewer (tests/test_quant.py).
 - `torch._int_mm` (fallback): symmetric per-row int8 activations; 0.67 / 0.74 ms there.
 """
 
@@ -34,11 +36,16 @@ def fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
+# The pinned columns appended to every input row (+1, -1); their weights are zero.
+PIN_COLUMNS = 2
+
+
 def pack_fbgemm(weight: torch.Tensor):
-    """Per-output-channel symmetric int8 weights, prepacked for fbgemm."""
+    """Per-output-channel symmetric int8 weights, with PIN_COLUMNS zero columns, prepacked for fbgemm."""
     import warnings
 
     w = weight.detach().to(torch.float32)
+    w = torch.cat([w, w.new_zeros(w.shape[0], PIN_COLUMNS)], dim=1)
     scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(torch.float64)
     with warnings.catch_warnings():  # quantized tensors are deprecated upstream; pinned torch has them
         warnings.simplefilter("ignore")
@@ -49,10 +56,11 @@ def pack_fbgemm(weight: torch.Tensor):
 def fbgemm_linear(x: torch.Tensor, packed, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
     row_max = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
-    pin = rows.new_zeros(1, rows.shape[1])
-    pin[0, 0], pin[0, 1] = 1.0, -1.0
+    # Columns, not an extra row: a row would double a one-token decode's GEMM rows.
+    pin = rows.new_zeros(rows.shape[0], PIN_COLUMNS)
+    pin[:, 0], pin[:, 1] = 1.0, -1.0
     # reduce_range: 7-bit activations, so AVX2's pairwise int16 accumulation cannot saturate.
-    y = torch.ops.quantized.linear_dynamic(torch.cat([rows / row_max, pin]), packed, True)[:-1]
+    y = torch.ops.quantized.linear_dynamic(torch.cat([rows / row_max, pin], dim=1), packed, True)
     y = y * row_max
     if bias is not None:
         y = y + bias
