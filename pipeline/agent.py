@@ -96,10 +96,6 @@ def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | N
                                   device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens)
 
 
-
-
-
-
 def endpoint_config(config: Config, end_of_turn_model: bool = False) -> EndpointConfig:
     """The config's [vad] section in the endpointer's terms. With an end-of-turn model, or
     a call that answers at pauses (turn.preempts), the endpointer declares *pauses*
