@@ -141,24 +141,29 @@ def test_only_the_last_few_primed_sentences_are_kept(pool):
 
 
 def test_the_fixed_lines_are_made_once_and_said_every_time_from_that_audio(pool):
-    """The hold line and the fallback (`fixed`) are pinned once (the call's start); each
-    turn that says one plays the audio made then; the preemptive hook makes no copy."""
+    """The hold line and the fallback (`fixed`) are pinned once (the call's start), sentence
+    by sentence; each turn that says one plays the audio made then, whether the guard says
+    the whole fallback or the model writes it and the splitter hands it over sentence by
+    sentence; the preemptive hook makes no copy."""
     from pipeline.stages.speak_ahead import speak_ahead
 
     engine = GatedTTS()
     engine.gate.set()
-    fixed = ("One moment, please.", "I'm not sure about that. I can take a message.")
+    hold, unsure, message = "One moment, please.", "I'm not sure about that.", "I can take a message."
+    fixed = (hold, f"{unsure} {message}")
     speech = PrimedSpeech(engine, pool, fixed=fixed + ("  ",))
     assert speech.fixed == fixed
     speech.pin_fixed()
     hook = speak_ahead(speech, SentenceSplitter)
     hook(object(), group('{"act": "book", "slot": "Tue 10:30"'))  # an action: nothing to prime
-    assert all(engine.began[line].wait(30) for line in fixed)
+    assert all(engine.began[sentence].wait(30) for sentence in (hold, unsure, message))
     speech.pin_fixed()  # already pinned: nothing new
     for _ in range(3):  # the first may find it half made: it reads the chunks as they come
-        for line in fixed:
-            assert len(list(speech.synthesize(line))) == 2
-    assert sorted(engine.asked) == sorted(fixed) and speech.used == 6
+        assert len(list(speech.synthesize(hold))) == 2
+        assert len(list(speech.synthesize(fixed[1]))) == 4  # the guard's: the whole fallback
+        assert [len(list(speech.synthesize(s))) for s in (unsure, message)] == [2, 2]  # the model's
+    assert sorted(engine.asked) == sorted([hold, unsure, message]) and speech.used == 15
+    assert len(list(speech.synthesize(f"{unsure} Call us back."))) == 2 and engine.asked[-1] == f"{unsure} Call us back."
 
 
 def test_calls_on_one_engine_share_its_fixed_lines(pool):
@@ -241,11 +246,15 @@ async def test_a_kept_preemptive_answer_is_heard_from_audio_made_before_the_turn
             assert order == ["end_of_turn", "Sure.", "We open at nine."] and isinstance(call.tts, LoggedTTS)
 
 
-async def test_a_call_makes_its_fallback_after_the_greeting_and_says_it_from_that_audio(tmp_path):
+@pytest.mark.parametrize("answer", [["A cleaning costs ", "$5000 with Dr. Smith."], None])
+async def test_a_call_makes_its_fallback_after_the_greeting_and_says_it_from_that_audio(tmp_path, answer):
     """With the fact guard on, the fallback is made once the greeting is out, before the
-    caller's turn ends; a turn whose sentence the guard stops says it from that audio."""
+    caller's turn ends; a turn says it from that audio, whether the guard stopped the
+    model's sentence (said whole) or the model wrote the fallback itself (said sentence by
+    sentence, and not made again ahead)."""
     from callfakes import ScriptedBackend, ScriptedSTT, ToneTTS
     from pipeline.receptionist.business import FALLBACK
+    from pipeline.sentences import split_sentences
     from test_preemptive import config, make_call, silence, tone
 
     log: list = []
@@ -258,11 +267,13 @@ async def test_a_call_makes_its_fallback_after_the_greeting_and_says_it_from_tha
     cfg = config(tmp_path, True, "silence")
     cfg = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"guard": True})})
     call, _, _ = make_call(cfg, [silence(0.3), tone(1.0), silence(1.0)],
-                           ScriptedBackend(["A cleaning costs ", "$5000 with Dr. Smith."]),
+                           ScriptedBackend(answer or [FALLBACK[:20], FALLBACK[20:]]),
                            ScriptedSTT("How much is a cleaning with Dr. Smith?"), None, log, end_silence_s=0.5,
                            tts=LoggedTTS(chunks=1, chunk_s=0.02), greeting="Hello, Riverside Dental.")
     await asyncio.wait_for(call.run(), 120)
     assert call.turns[0].heard_text == FALLBACK
     said = [e[1] for e in log if e[0] == "synthesize"]
-    assert said[:2] == ["Hello, Riverside Dental.", FALLBACK] and said.count(FALLBACK) == 1
-    assert call.tts.used == 1
+    sentences = split_sentences(FALLBACK)
+    assert len(sentences) == 2 and said[0] == "Hello, Riverside Dental." and sorted(said[1:3]) == sorted(sentences)
+    assert all(said.count(sentence) == 1 for sentence in sentences)
+    assert call.tts.used == 2  # both of the fallback's sentences, from the audio made after the greeting
