@@ -102,8 +102,7 @@ class Call:
     @classmethod
     def from_models(cls, config: Config, models: ModelSet, source: AudioSource, sink: AudioSink, *,
                     greeting: bool | str = False, **overrides: Any) -> "Call":
-        """A call whose stages come from loaded models; `overrides` swap any of them
-        (stt=, tts=, backend=, endpointer=, count_tokens=) or set Call's options."""
+        """A call from loaded models; `overrides` swap stages (stt=, tts=, backend=, ...) or set Call's options."""
         call_id = overrides.pop("call_id", None) or new_call_id()
         text = config.agent.greeting if greeting is True else (greeting or "")
         return cls(config, source, sink, greeting=text, call_id=call_id, **call_ports(models, config, call_id, overrides))
@@ -232,11 +231,13 @@ class Call:
             await self._one_at_a_time(self._greet(self.greeting))
         if self.transcripts.speech is not None:  # the hold line and the fallback, before the caller speaks
             self.transcripts.speech.pin_fixed()
+        self.transcripts.turn_over()  # after each turn too: the history so far, into the LLM's cache
         while (utterance := await self._utterances.get()) is not None:
             keys = isinstance(utterance, KeypadEntry)
             await self._one_at_a_time(self._keypad_turn(utterance) if keys else self._turn(utterance))
             if self.ended_by is not None:
                 return  # a tool transferred or ended the call, after its turn was spoken
+            self.transcripts.turn_over()
 
     async def _one_at_a_time(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run one turn as its own task (so a hang-up can cancel it without touching us)."""
@@ -325,8 +326,7 @@ class Call:
                         plan=tools.plan, caller_text=turn.user_text)
 
     def _record(self, turn: Turn, heard: Transcript | None = None, keypad: KeypadEntry | None = None) -> None:
-        """A finished turn: history gets what the caller heard; the report its entry; the
-        observers a TurnRecorded."""
+        """A finished turn: history gets what the caller heard, the report its entry, observers a TurnRecorded."""
         assert self.report is not None
         if turn.user_text:
             self.history.add(turn.user_text, turn.heard_text, turn.llm.tool_messages,

@@ -175,7 +175,8 @@ class TurnConfig(Section):
     preemptive: bool | None = None
     # With preemption: while the caller speaks, every this many ms of speech their turn so
     # far is transcribed and the prompt up to those words is prefilled into the LLM's K/V
-    # (nothing generated; pipeline/stages/preempt.py SpeechPrefill). 0: off.
+    # (nothing generated; pipeline/stages/preempt.py SpeechPrefill); and once each turn is
+    # over, the history up to the caller's next words (Preemptor.prefill_next). 0: off.
     speech_prefill_ms: int = Field(default=800, ge=0)
     # With preemption: the first sentence of the answer being buffered is synthesised while
     # the silence runs out (pipeline/stages/speak_ahead.py); a kept answer's audio is ready

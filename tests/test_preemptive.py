@@ -566,13 +566,16 @@ async def test_words_prefilled_while_the_caller_speaks_leave_the_answer_token_id
     class PrefillSpy(SpyBackend):
         def __init__(self, inner):
             super().__init__(inner)
-            self.prefilled = asyncio.Event()
+            self.prefilled, self.opened = asyncio.Event(), asyncio.Event()
             self.prefill_messages = []
 
         async def prefill(self, messages, cancel=None):
-            self.prefill_messages.append(messages)
             n = await self.inner.prefill(messages, cancel)
-            self.prefilled.set()
+            if messages[-1]["content"]:  # the caller's words
+                self.prefill_messages.append(messages)
+                self.prefilled.set()
+            else:  # the history, at the call's start (the script runs faster than a caller speaks)
+                self.opened.set()
             return n
 
     spy = PrefillSpy(engine_backend(tiny_engine))
@@ -585,7 +588,7 @@ async def test_words_prefilled_while_the_caller_speaks_leave_the_answer_token_id
 
     cfg = config(tmp_path / "pre", True, "silence")
     cfg = cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"speech_prefill_ms": 600})})
-    call, _, _ = make_call(cfg, [silence(0.3), tone(1.3), prefilled, tone(0.6), silence(0.3), answered,
+    call, _, _ = make_call(cfg, [spy.opened.wait, silence(0.3), tone(1.3), prefilled, tone(0.6), silence(0.3), answered,
                                  silence(0.6)], spy, ScriptedSTT(growing), None, end_silence_s=0.5)
     await asyncio.wait_for(call.run(), 120)
 
@@ -605,6 +608,110 @@ async def test_words_prefilled_while_the_caller_speaks_leave_the_answer_token_id
     assert spy.streams[0]["tokens"] == base.streams[0]["tokens"] and turn.agent_text == plain_turn.agent_text
     assert turn.stats.prefilled_tokens < plain_turn.stats.prefilled_tokens  # the words were in the cache
     assert load_report(call.report_path)["turns"][0]["preemptive_hit"] is True
+
+
+async def test_a_pause_is_transcribed_beside_a_running_prefill_and_its_llm_waits_for_it(tmp_path, tiny_engine):
+    """A start's STT does not queue behind work on the conversation (a prefill's pass may
+    take seconds on a slow CPU): it runs at once, and only the LLM waits for that work."""
+    stt_called = threading.Event()
+
+    class BlockedPrefill(SpyBackend):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+        async def prefill(self, messages, cancel=None):
+            self.entered.set()
+            await self.release.wait()
+            return await self.inner.prefill(messages, cancel)
+
+    def hours(audio: np.ndarray) -> str:
+        stt_called.set()
+        return "What are your hours on Saturday?"
+
+    spy = BlockedPrefill(engine_backend(tiny_engine))
+    seen: dict = {}
+
+    async def prefill_running() -> None:
+        await spy.entered.wait()
+
+    async def pause_transcribed_then_release() -> None:
+        seen["stt_during_prefill"] = await asyncio.to_thread(stt_called.wait, 60)
+        seen["streams_before_release"] = len(spy.streams)
+        spy.release.set()
+
+    async def answered() -> None:
+        await spy.wait_finished(1)
+
+    call, _, _ = make_call(config(tmp_path, True, "silence"),
+                           [silence(0.3), prefill_running, tone(1.0), silence(0.3), pause_transcribed_then_release,
+                            silence(0.6), answered, silence(0.3)], spy, ScriptedSTT(hours), None, end_silence_s=0.5)
+    await asyncio.wait_for(call.run(), 120)
+    assert seen == {"stt_during_prefill": True, "streams_before_release": 0}
+    (turn,) = call.turns
+    assert turn.user_text == "What are your hours on Saturday?" and turn.agent_text
+    assert load_report(call.report_path)["turns"][0]["preemptive_hit"] is True
+
+
+async def test_after_each_turn_the_history_is_prefilled_before_the_callers_next_words(tmp_path, tiny_engine):
+    """Once a turn is over, the history as the next prompt renders it (the reply the caller
+    heard, not what the model wrote) is computed into the K/V up to the caller's next
+    words: the next turn prefills only those words, and its answer is token for token the
+    one a call without any prefill gives."""
+    lines = iter(["What are your hours on Saturday?", "And how much is a cleaning?"])
+
+    def caller(audio: np.ndarray) -> str:
+        return lines_by_length.setdefault(len(audio), next(lines))
+
+    lines_by_length: dict[int, str] = {}  # every transcription of the same audio, the same words
+
+    class PrefillSpy(SpyBackend):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.prefill_log: list[tuple[list[dict], int]] = []
+            self.prefilled = asyncio.Event()
+
+        async def prefill(self, messages, cancel=None):
+            n = await self.inner.prefill(messages, cancel)
+            self.prefill_log.append((messages, n))
+            self.prefilled.set()
+            return n
+
+    spy = PrefillSpy(engine_backend(tiny_engine))
+    calls: list[Call] = []
+
+    async def first_turn_over() -> None:  # the caller speaks again once the agent is done
+        await calls[-1].wait_turns(1)
+
+    async def history_prefilled() -> None:
+        while True:
+            spy.prefilled.clear()
+            if any(len(m) > 2 for m, _ in spy.prefill_log):  # the opening after a turn, not the call's start
+                return
+            await spy.prefilled.wait()
+
+    cfg = config(tmp_path / "pre", True, "silence")
+    cfg = cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"speech_prefill_ms": 60000})})  # words: never
+    steps = [silence(0.3), tone(1.0), silence(0.8), first_turn_over, history_prefilled, tone(1.2), silence(0.8)]
+    call, _, _ = make_call(cfg, steps, spy, ScriptedSTT(caller), None, end_silence_s=0.5)
+    calls.append(call)
+    await asyncio.wait_for(call.run(), 120)
+
+    lines = iter(["What are your hours on Saturday?", "And how much is a cleaning?"])
+    lines_by_length.clear()
+    base = SpyBackend(engine_backend(tiny_engine))
+    plain, _, _ = make_call(config(tmp_path / "plain", False, "silence"), steps[:4] + steps[5:], base,
+                            ScriptedSTT(caller), None)
+    calls.append(plain)
+    await asyncio.wait_for(plain.run(), 120)
+
+    assert [t.user_text for t in call.turns] == [t.user_text for t in plain.turns] == [
+        "What are your hours on Saturday?", "And how much is a cleaning?"]
+    assert [s["tokens"] for s in spy.streams] == [s["tokens"] for s in base.streams]
+    # After the first turn: the history up to the caller's next message, which has no words yet.
+    after_first = [m for m, _ in spy.prefill_log if len(m) > 2 and m[-1] == {"role": "user", "content": ""}]
+    assert after_first and after_first[0][:-1] == spy.streams[1]["messages"][:-1]
+    assert call.turns[1].stats.prefilled_tokens < plain.turns[1].stats.prefilled_tokens
 
 
 @pytest.mark.parametrize("question, kept", [("What time do you open on Saturday?", True),

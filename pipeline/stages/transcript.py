@@ -127,6 +127,12 @@ class TranscriptSources:
         if self.preemptor is not None:
             self.preemptor.start(pending)
 
+    def turn_over(self) -> None:
+        """The agent's turn is over, the caller's next one not begun: with speech prefill on,
+        the history is prefilled up to the caller's next words (Preemptor.prefill_next)."""
+        if self.prefill is not None:
+            self.prefill.preemptor.prefill_next()
+
     def resumed(self) -> None:
         """The caller spoke again: the turn goes on with other audio."""
         if self.preemptor is not None:
