@@ -210,6 +210,77 @@ def test_first_sentence_is_what_the_turn_would_hand_to_tts(groups, first):
     assert found == ([first] if first else [])
 
 
+class ClauseTTS:
+    """Cuts at commas like Piper with split_clauses (the attribute speak_ahead reads): one
+    chunk a text, remembered with the text it was made for."""
+
+    split_clauses = True
+
+    def __init__(self):
+        self.asked: list[str] = []
+        self.made: dict[str, threading.Event] = collections.defaultdict(threading.Event)
+        self.text_of: dict[int, str] = {}
+
+    def synthesize(self, text):
+        self.asked.append(text)
+        chunk = AudioChunk(np.full(len(text), 0.1, np.float32), 16000)
+        self.text_of[id(chunk)] = text
+        yield chunk
+        self.made[text].set()
+
+
+ADDRESS = ['{"act": "answer"}\n', "Our address is 42 Harbor", " Street, Spring", "field, next to",
+           " the public library. ", "Anything else?"]
+
+
+def test_the_first_clause_is_given_once_nothing_more_can_change_it():
+    reader = FirstSentence(SentenceSplitter())
+    clauses = []
+    for i, text in enumerate(ADDRESS):
+        reader.feed(group(text, "stop" if i == len(ADDRESS) - 1 else None))
+        clauses.append(reader.first_clause())
+    # "..., Spring": Piper would still fold a piece that short into the clause before it.
+    assert clauses == [None, None, None, "Our address is 42 Harbor Street,", None, None]
+
+
+def test_a_first_clause_made_while_the_sentence_is_written_is_played_then_the_rest(pool):
+    """While the model still writes the first sentence, its first clause is synthesised;
+    the rest once the sentence is whole. The speak stage's request for the sentence plays
+    both from that audio: the same words, and the voice asked for nothing more."""
+    from pipeline.stages.speak_ahead import speak_ahead
+
+    tts = ClauseTTS()
+    speech = PrimedSpeech(tts, pool)
+    hook, preemption = speak_ahead(speech, SentenceSplitter), object()
+    for text in ADDRESS[:4]:
+        hook(preemption, group(text))
+    assert tts.made["Our address is 42 Harbor Street,"].wait(30)  # before the sentence was complete
+    for text in ADDRESS[4:]:  # "Anything" proves the first sentence whole
+        hook(preemption, group(text))
+    assert tts.made["Springfield, next to the public library."].wait(30)
+    played = [tts.text_of[id(c)] for c in speech.synthesize("Our address is 42 Harbor Street, Springfield, "
+                                                            "next to the public library.")]
+    assert played == ["Our address is 42 Harbor Street,", "Springfield, next to the public library."]
+    assert len(tts.asked) == 2 and speech.used == 2
+    # Another sentence is not cut at a clause it does not start with.
+    assert [tts.text_of[id(c)] for c in speech.synthesize("Our office is on Harbor Street, Springfield.")] == [
+        "Our office is on Harbor Street, Springfield."]
+
+
+def test_a_voice_that_does_not_cut_at_commas_gets_the_whole_first_sentence(pool):
+    from pipeline.stages.speak_ahead import speak_ahead
+
+    tts = ClauseTTS()
+    tts.split_clauses = False
+    speech = PrimedSpeech(tts, pool)
+    hook, preemption = speak_ahead(speech, SentenceSplitter), object()
+    for text in ADDRESS:
+        hook(preemption, group(text))
+    sentence = "Our address is 42 Harbor Street, Springfield, next to the public library."
+    assert tts.made[sentence].wait(30)
+    assert tts.asked == [sentence]
+
+
 async def test_a_kept_preemptive_answer_is_heard_from_audio_made_before_the_turn_ended(tmp_path):
     """Silence mode, 0.5 s end of turn: the answer starts at the 200 ms pause and its first
     sentence is synthesised before the turn ends; the turn plays that audio (the engine is
