@@ -653,6 +653,54 @@ async def test_a_pause_is_transcribed_beside_a_running_prefill_and_its_llm_waits
     assert load_report(call.report_path)["turns"][0]["preemptive_hit"] is True
 
 
+async def test_a_speech_prefill_stopped_in_its_stt_is_not_waited_for(tmp_path, tiny_engine):
+    """A pause stops a speech prefill still transcribing (it will prefill nothing now): the
+    pause's answer starts, and its turn is answered, while that transcription still runs."""
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def stt(audio: np.ndarray) -> str:
+        calls.append(len(audio))
+        if len(calls) == 1:  # the speech prefill's, held until the turn was answered
+            entered.set()
+            release.wait(120)
+        return "What are your hours on Saturday?"
+
+    class OpenedSpy(SpyBackend):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.opened = asyncio.Event()
+
+        async def prefill(self, messages, cancel=None):
+            n = await self.inner.prefill(messages, cancel)
+            self.opened.set()  # the history's, at the call's start (words never get this far)
+            return n
+
+    spy, calls_ = OpenedSpy(engine_backend(tiny_engine)), []
+    seen: dict = {}
+
+    async def prefill_transcribing() -> None:
+        seen["entered"] = await asyncio.to_thread(entered.wait, 60)
+
+    async def answered_then_release() -> None:
+        seen["answered"] = await calls_[0].wait_turns(1, 60)
+        seen["prefill_stt_still_running"] = not release.is_set()
+        release.set()
+
+    cfg = config(tmp_path, True, "silence")
+    cfg = cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"speech_prefill_ms": 600})})
+    call, _, _ = make_call(cfg, [spy.opened.wait, silence(0.3), tone(1.0), prefill_transcribing, silence(0.8),
+                                 answered_then_release, silence(0.3)], spy, ScriptedSTT(stt), None, end_silence_s=0.5)
+    calls_.append(call)
+    try:
+        await asyncio.wait_for(call.run(), 120)
+    finally:
+        release.set()
+    assert seen == {"entered": True, "answered": True, "prefill_stt_still_running": True}
+    assert len(calls) == 2 and calls[1] > calls[0]  # the pause transcribed all its audio itself
+    assert call.turns[0].agent_text and load_report(call.report_path)["turns"][0]["preemptive_hit"] is True
+
+
 async def test_after_each_turn_the_history_is_prefilled_before_the_callers_next_words(tmp_path, tiny_engine):
     """Once a turn is over, the history as the next prompt renders it (the reply the caller
     heard, not what the model wrote) is computed into the K/V up to the caller's next

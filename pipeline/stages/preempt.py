@@ -41,8 +41,9 @@ computed into the conversation's K/V (the backend's `prefill`; nothing generated
 pause's generation then prefills only the words after them. Exact for the same reason a
 discarded generation is: a prompt reuses only the prefix its tokens share with the cache.
 One piece of work at a time on the conversation: a prefill runs only when nothing else
-does, a start waits for it before its LLM (and stops one still transcribing); the start's
-own STT runs beside it.
+does, a start waits for it before its LLM (and stops one still transcribing, which then
+touches nothing, so neither the start nor its turn waits for it); the start's own STT runs
+beside it.
 
 Prefill after the agent's turn (`Preemptor.prefill_next`, from the call once a turn is
 over): the history as the next prompt renders it, up to the caller's next words. A
@@ -96,6 +97,7 @@ class Stop:
         # Until the turn ends on this audio: the engine runs these passes only when no other
         # conversation's wait (llm/scheduler.py); read from the engine's thread.
         self.background = True
+        self.on_conversation = False  # a speech prefill: past its STT, into the LLM's cache
 
     def set(self) -> None:
         self._set = True
@@ -187,6 +189,7 @@ class Preemptor:
         self.llm_starts = 0  # generations started, over the call
         self.prefilled: list[int] = []  # each speech prefill's tokens cached, over the call (SpeechPrefill)
         self._prefill_stop: Stop | None = None  # the running speech prefill's
+        self._prefill_task: asyncio.Task | None = None  # ... and its task
         self._log: list[dict] = []  # the pending turn's events
         self._tasks: set[asyncio.Task] = set()  # started and not yet finished (discarded ones included)
 
@@ -206,7 +209,7 @@ class Preemptor:
             return None
         if self._prefill_stop is not None:
             self._prefill_stop.set()  # a speech prefill still transcribing: the start transcribes all
-        previous = list(self._tasks)  # discarded ones still stopping: ours waits for them
+        previous = self._on_conversation()  # discarded ones still stopping: ours waits for them
         p = Preemption(pause, self.params, self._log)
         self._note(p, "start", pause=pause.pauses, audio_s=round(len(pause.audio) / 16000, 3))
         self.current = p
@@ -257,7 +260,7 @@ class Preemptor:
         if prefill is None or self._tasks or (self.current is not None and self.current.discarded is None):
             return False
         stop = self._prefill_stop = Stop()
-        task = asyncio.create_task(self._prefill(prefill, audio, stop), name="speech-prefill")
+        task = self._prefill_task = asyncio.create_task(self._prefill(prefill, audio, stop), name="speech-prefill")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
@@ -276,6 +279,7 @@ class Preemptor:
             messages = await loop.run_in_executor(self.executor, self.messages_for, " ".join(words))
             if stop.is_set():
                 return
+            stop.on_conversation = True  # from here on it computes into the conversation's cache
             self.prefilled.append(await prefill(messages, stop))
         except asyncio.CancelledError:
             pass  # the call ended
@@ -327,10 +331,17 @@ class Preemptor:
         if self.current is not None and self.current is not keep:
             self.discard("another_turn", self.current)
 
+    def _on_conversation(self) -> list[asyncio.Task]:
+        """The tasks that run, or may still run, work on the conversation: all but a speech
+        prefill stopped while it was transcribing (it ends after its STT, touching nothing)."""
+        stop, task = self._prefill_stop, self._prefill_task
+        idle = task if stop is not None and stop.is_set() and not stop.on_conversation else None
+        return [t for t in self._tasks if t is not idle]
+
     async def settle(self, keep: Preemption | None = None) -> None:
-        """Wait until no preemptive work other than `keep`'s runs (the conversation is the
-        turn's alone afterwards)."""
-        others = [t for t in self._tasks if keep is None or t is not keep.task]
+        """Wait until no preemptive work other than `keep`'s runs on the conversation (it is
+        the turn's alone afterwards)."""
+        others = [t for t in self._on_conversation() if keep is None or t is not keep.task]
         if others:
             await asyncio.wait(others)
 
