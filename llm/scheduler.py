@@ -102,6 +102,7 @@ class _Work:
     hint: Load  # what this conversation brought to its last pass (before it prepares this one)
     job: Callable[[], Any] | None = None  # instead of a pass: run alone, its value the result
     background: bool = False  # runs only when no foreground work waits (module doc)
+    submitted: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     info: PassInfo | None = None
@@ -156,6 +157,11 @@ class PassScheduler:
         self.draft_passes = 0  # draft-model forwards run by the engine thread
         self.batched_draft_passes = 0  # of those, forwards that carried 2+ conversations' steps
         self.deferred = 0  # background passes left for a later round because foreground work waited
+        # Foreground passes that arrived while a round of background passes alone ran (a
+        # forward is not interrupted): how many, and the seconds they waited for it to end.
+        self.behind_background = 0
+        self.behind_background_s = 0.0
+        self._background_round: float | None = None  # such a round's start, while it runs
 
     # ---- conversations' side -------------------------------------------------------------
     @contextmanager
@@ -250,8 +256,24 @@ class PassScheduler:
                     # Passes submitted while the lock was held join this round.
                     with self._cond:
                         works, self._queue = self._first(works + self._queue)
+                        if all(w.background for w in works):
+                            self._background_round = time.monotonic()
                     self._round(works)
+                    self._count_behind_background()
                 works = None  # nothing of a finished pass stays referenced while idle
+
+    def _count_behind_background(self) -> None:
+        """After a round of background passes alone: the foreground passes that came during it
+        waited for it (the counters above)."""
+        with self._cond:
+            began, self._background_round = self._background_round, None
+            if began is None:
+                return
+            now = time.monotonic()
+            for w in self._queue:
+                if not w.background and w.submitted > began:
+                    self.behind_background += 1
+                    self.behind_background_s += now - w.submitted
 
     def _round(self, works: list[_Work]) -> None:
         self.rounds += 1

@@ -378,6 +378,40 @@ def test_an_ended_turns_pass_goes_before_preemptive_ones_and_never_shares_their_
         sched.close()
 
 
+def test_an_ended_turns_pass_that_comes_during_a_background_round_is_counted_as_waiting_for_it():
+    """A forward is not interrupted: an ended turn's pass that arrives while a round of
+    preemptive passes alone runs waits for it, and the scheduler counts that wait (what
+    `bench load` reports). One that arrives during a foreground round is not counted."""
+    from llm.scheduler import PassScheduler
+
+    sched = PassScheduler(gather_s=0.0)
+    entered, go = threading.Event(), threading.Event()
+
+    def held(load):  # a pass that is running: the engine thread is inside it
+        entered.set()
+        go.wait(30)
+
+    def run(background: bool, prepare=lambda load: None) -> threading.Thread:
+        t = threading.Thread(target=sched.run, args=(prepare, None), kwargs={"background": background})
+        t.start()
+        return t
+
+    try:
+        for background, counted in ((False, 0), (True, 1)):
+            entered.clear(), go.clear()
+            first = run(background, held)
+            assert entered.wait(30)
+            second = run(False)
+            assert sched.wait_until_waiting(1)
+            go.set()
+            first.join(30), second.join(30)
+            assert sched.behind_background == counted
+        assert sched.behind_background_s > 0
+    finally:
+        go.set()
+        sched.close()
+
+
 def test_background_passes_alone_run_at_once():
     """With nothing else waiting, a preemptive pass is not held back."""
     from llm.scheduler import PassScheduler

@@ -76,6 +76,7 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
     round_calls = lambda: [c for c in handler.calls if c.call_id in sids]  # noqa: E731
     peak0 = sampler.peak_mb
     sampler.peak_mb = 0.0
+    engine0 = engine_counters(models)
     t0 = time.monotonic()
     tasks = [asyncio.create_task(c.run()) for c in callers]
     try:
@@ -104,8 +105,20 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
     peak = sampler.peak_mb  # this level's peak
     sampler.peak_mb = max(peak0, peak)
     names = [NAMES[(first_index + i) % len(NAMES)] for i in range(n)]
-    return level_summary(callers, tasks, reports, wire_calls, names=names, turns=args.turns, peak_mb=peak,
-                         refused=refused, wall_s=wall)
+    level = level_summary(callers, tasks, reports, wire_calls, names=names, turns=args.turns, peak_mb=peak,
+                          refused=refused, wall_s=wall)
+    if engine0 is not None:
+        level["engine"] = {k: round(v - engine0[k], 3) for k, v in engine_counters(models).items()}
+    return level
+
+
+def engine_counters(models) -> dict[str, float] | None:
+    """The in-process engine's scheduler counters (llm/scheduler.py), for a level's difference."""
+    if models.engine is None:
+        return None
+    s = models.engine.scheduler
+    return {"passes": s.passes, "deferred": s.deferred, "behind_background": s.behind_background,
+            "behind_background_s": s.behind_background_s}
 
 
 async def soak(cfg, models, lines_by_caller, args, sampler: Sampler) -> dict[str, Any]:

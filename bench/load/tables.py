@@ -24,6 +24,13 @@ def print_table(levels: list[dict]) -> None:
     for lv in levels:
         parts = lv.get("v2v_parts_p50_s") or {}
         print(f"{lv['calls']:>3}  " + "  ".join(f"{name} {_ms(value)}" for name, value in parts.items()))
+    waits = [lv for lv in levels if lv.get("engine")]
+    if waits:
+        print("\nan ended turn's LLM behind background work (a pass of preemptive work alone, already running):")
+        for lv in waits:
+            e = lv["engine"]
+            print(f"{lv['calls']:>3}  {e['behind_background']} passes waited, {e['behind_background_s'] * 1000:.0f} ms "
+                  f"in all; {e['passes']} passes, {e['deferred']} background passes deferred")
 
 
 def print_levels(result: dict) -> None:
