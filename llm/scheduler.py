@@ -265,6 +265,8 @@ class PassScheduler:
     def _count_behind_background(self) -> None:
         """After a round of background passes alone: the foreground passes that came during it
         waited for it (the counters above)."""
+        if self._background_round is None:  # most rounds: set and read on this thread only
+            return
         with self._cond:
             began, self._background_round = self._background_round, None
             if began is None:

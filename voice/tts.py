@@ -52,9 +52,12 @@ class TTSEngine(Protocol):
         ...
 
 
+CLAUSE_ENDS = ",;:"  # where split_clauses may cut a sentence (after the mark)
+
+
 def split_clauses(text: str, min_chars: int = 20) -> list[str]:
     """Cut a sentence after , ; : when both sides are long enough to sound natural alone."""
-    parts = re.split(r"(?<=[,;:])\s+", text.strip())
+    parts = re.split(rf"(?<=[{CLAUSE_ENDS}])\s+", text.strip())
     out: list[str] = []
     for part in parts:
         if out and (len(out[-1]) < min_chars or len(part) < min_chars // 2):

@@ -244,18 +244,11 @@ class Preemptor:
             return None
         return TurnPreemption(p, log_)
 
-    def prefill(self, audio: np.ndarray) -> bool:
+    def prefill(self, audio: np.ndarray | None) -> bool:
         """The caller is still speaking; `audio` is their turn so far: transcribe it and
-        prefill the turn's prompt up to those words but the last (module doc). Only when no
-        other work runs on the conversation and the backend can prefill; False if not started."""
-        return self._start_prefill(audio)
-
-    def prefill_next(self) -> bool:
-        """The agent's turn is over and the caller has not spoken yet: prefill the history
-        up to the caller's next words (module doc). False if not started (as `prefill`)."""
-        return self._start_prefill(None)
-
-    def _start_prefill(self, audio: np.ndarray | None) -> bool:
+        prefill the turn's prompt up to those words but the last (module doc); None: no
+        words yet (prefill_next). Only when no other work runs on the conversation and the
+        backend can prefill; False if not started."""
         prefill = getattr(self.backend, "prefill", None)
         if prefill is None or self._tasks or (self.current is not None and self.current.discarded is None):
             return False
@@ -264,6 +257,11 @@ class Preemptor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def prefill_next(self) -> bool:
+        """The agent's turn is over and the caller has not spoken yet: prefill the history
+        up to the caller's next words (module doc). False if not started (as `prefill`)."""
+        return self.prefill(None)
 
     async def _prefill(self, prefill: Callable, audio: np.ndarray | None, stop: Stop) -> None:
         loop = asyncio.get_running_loop()

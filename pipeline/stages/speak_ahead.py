@@ -48,7 +48,7 @@ from llm.types import TokenGroup
 from pipeline.ports import TextToSpeech
 from pipeline.sentences import SentenceSplitter, split_sentences
 from pipeline.stages.plan_step import PlanFilter
-from voice.tts import AudioChunk, split_clauses
+from voice.tts import CLAUSE_ENDS, AudioChunk, split_clauses
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class PrimedSpeech:
                 parts = [self._pinned.get(sentence) for sentence in sentences]
             ahead = self._ahead.pop(text, None)
             clause = None if ahead is not None else next(
-                (c for c in self._ahead if c[-1] in ",;:" and text.startswith(c) and text[len(c):].strip()), None)
+                (c for c in self._ahead if c[-1] in CLAUSE_ENDS and text.startswith(c) and text[len(c):].strip()), None)
             if clause is not None:
                 ahead = self._ahead.pop(clause)
         if None not in parts:  # pinned, whole or sentence by sentence: read, never used up
