@@ -16,8 +16,9 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator
 
+from llm.decoder import Observe
 from llm.engine import Conversation, SpeculativeEngine
-from llm.types import GenerationStats, LLMBackend, SamplingParams, TokenGroup
+from llm.types import GenerationStats, LLMBackend, SamplingParams, TokenGroup, WordsEnd
 from threadrelay import relay
 
 
@@ -35,6 +36,7 @@ class SpeculativeBackend:
         self.tools = tools
         self.last_tool_parse = None  # calls are written as text here: the respond stage parses them
         self.prefills = True  # the engine ends the prompt with a reply's given start
+        self.scores_words_end = True  # a cancel's `words_end` is scored from the stream's prefill
 
     async def prefill(self, messages: list[dict], cancel: asyncio.Event | threading.Event | None = None) -> int:
         """Compute the K/V of the prompt of `messages` up to the words of the last one so
@@ -62,15 +64,27 @@ class SpeculativeBackend:
             raise RuntimeError("this backend was closed")
         conversation = self.conversation
         prompt = await asyncio.to_thread(self.engine.chat_prompt, messages, True, self.tools)
+        observe = await self._words_end(getattr(cancel, "words_end", None), prompt)
         stop = _Stop(cancel)
         try:
             async with contextlib.aclosing(
-                relay(lambda _closed: self.engine.stream(prompt, params, conversation, stop))
+                relay(lambda _closed: self.engine.stream(prompt, params, conversation, stop, observe=observe))
             ) as groups:
                 async for group in groups:
                     yield group
         finally:
             stop.closed.set()  # the consumer went away (barge-in, hang-up): stop at the next pass
+
+    async def _words_end(self, request: WordsEnd | None, prompt: list[int]) -> Observe | None:
+        """The row of `prompt` where the caller's words end (request.messages' open prompt,
+        when it is a prefix of `prompt`), to be scored by the prefill (llm.types.WordsEnd)."""
+        if request is None:
+            return None
+        words = await asyncio.to_thread(self.engine.open_prompt, request.messages, self.tools)
+        if len(words) < 2 or prompt[:len(words)] != words:
+            return None
+        engine = self.engine
+        return Observe(len(prompt) - len(words), lambda row: request.report(engine.end_mass(row)))
 
 
 class _Stop:

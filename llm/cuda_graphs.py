@@ -127,7 +127,7 @@ def timed_forward(model: Transformer, segments: list[Segment]) -> tuple[list[tor
     t0 = time.perf_counter()
     if len(segments) == 1:
         s = segments[0]
-        logits = [forward(model, s.cache, s.tokens, s.start, s.all_logits)]
+        logits = [forward(model, s.cache, s.tokens, s.start, s.all_logits, s.also_row)]
     else:
         logits = forward_many(model, segments)
     synchronize(model.device)

@@ -121,6 +121,17 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
     return Choice(proposal, expected_rate, extra)
 
 
+@dataclass(frozen=True)
+class Observe:
+    """Show `see` the float32 logits at the prompt's row `before_end` tokens before its last
+    one (0: the last, whose row picks the first token), before any constraint, when the
+    prefill computes that row (not when the cache already held it). A row before the last
+    costs one more row of the vocabulary head, no pass."""
+
+    before_end: int
+    see: Callable[[torch.Tensor], None]
+
+
 @dataclass
 class Generation:
     """Everything one generation needs besides the models."""
@@ -136,6 +147,9 @@ class Generation:
     # The constraint's state (llm/constrain.py) when the request has one: every position's
     # distribution is masked to what it allows, and it moves by the tokens kept.
     guide: ConstraintState | None = None
+    # Shown the logits of one prompt row if the prefill computes it (engine.end_probability,
+    # and a preemptive start: whether the caller's words end their message).
+    observe: Observe | None = None
 
     @property
     def background(self) -> bool:
@@ -213,15 +227,26 @@ def first_pass(s: Decoding, runner: Runner) -> TokenGroup:
     forced = _forced_start(guide, room)
     ahead = [*prompt, *forced]
     computed = len(ahead) - keep
+    # The row Generation.observe asks for: the last one, one before it (one more row of
+    # logits), or none when the cache already held it.
+    observe, also_row = s.gen.observe, None
+    if observe is not None:
+        at = len(prompt) - 1 - observe.before_end
+        if keep <= at < len(ahead) - 1:
+            also_row = at - keep
+        elif at != len(ahead) - 1:
+            observe = None
 
     # Both run where the runner runs passes (the engine thread); they touch only this conversation.
     def prepare(load: Load) -> Piece:
         todo = torch.tensor(ahead[keep:], dtype=torch.long, device=s.target.device)
-        return Piece(s.target, Segment(s.seq.cache, todo, keep, all_logits=False), 1.0, 0.0)
+        return Piece(s.target, Segment(s.seq.cache, todo, keep, all_logits=False, also_row=also_row), 1.0, 0.0)
 
     def finish(logits: torch.Tensor) -> int:
         s.seq.tokens = list(ahead)
         row = logits[-1]
+        if observe is not None:
+            observe.see(logits[0])  # the asked row: the last, or the one before it
         if guide is not None:
             allowed = guide.mask()
             stats.forced_tokens += int(allowed.sum()) == 1

@@ -39,7 +39,7 @@ import torch
 
 from llm.call_drafter import CallDrafter
 from llm.constrain import GrammarDrafter, Grammars
-from llm.decoder import Generation, Sequence, new_sequence, speculative_stream
+from llm.decoder import Generation, Observe, Sequence, new_sequence, speculative_stream
 from llm.detokenize import IncrementalDetokenizer
 from llm.drafters import Drafter, ModelDrafter, NgramDrafter, common_prefix
 from llm.gamma import GammaController
@@ -120,6 +120,7 @@ class SpeculativeEngine:
     batch_drafts: bool = True  # the draft model's steps batched across conversations too
     _scheduler: PassScheduler | None = field(default=None, init=False, repr=False, compare=False)
     _grammars: Grammars | None = field(default=None, init=False, repr=False, compare=False)
+    _end_ids: list[int] | None = field(default=None, init=False, repr=False, compare=False)
     _scheduler_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     @property
@@ -344,18 +345,49 @@ class SpeculativeEngine:
         a, b = self.chat_prompt(messages, True, tools), self.chat_prompt(more, True, tools)
         return a[:common_prefix(a, b)]
 
-    def prefill(self, prompt: list[int], conversation: Conversation, cancel: threading.Event | None = None) -> int:
+    def prefill(self, prompt: list[int], conversation: Conversation, cancel: threading.Event | None = None,
+                observe: Observe | None = None) -> int:
         """Compute the K/V of `prompt` into the conversation's cache now, generating nothing
         kept: a later prompt that starts with it prefills only the rest (the caller's words
         while they still speak, pipeline/stages/preempt.py). The one pass is the prefill of
         a one-token generation, whose token is not cached (the decoder holds it as pending);
         the common-prefix reuse that keeps every prompt exact does the rest. Returns the
-        tokens the cache holds afterwards."""
+        tokens the cache holds afterwards. `observe`: decoder.Observe, of that pass."""
         if len(prompt) < 2:
             return len(conversation.seq.tokens)
-        for _ in self.stream(prompt, SamplingParams(max_new_tokens=1), conversation, cancel):
+        for _ in self.stream(prompt, SamplingParams(max_new_tokens=1), conversation, cancel, observe=observe):
             pass
         return len(conversation.seq.tokens)
+
+    def end_mass(self, logits: torch.Tensor) -> float:
+        """The probability a row of logits gives to the tokens that end a sentence or a
+        message (end_ids): after a caller's words without their final mark, how likely
+        the model thinks they end their message ("... a cleaning for next" near 0, "...
+        on Saturday" near 1)."""
+        ends = torch.tensor(self.end_ids, device=logits.device)
+        return float(torch.softmax(logits.float(), -1)[ends].sum())
+
+    def end_probability(self, prompt: list[int], conversation: Conversation,
+                        cancel: threading.Event | None = None) -> float | None:
+        """Prefill `prompt` as `prefill` does and return end_mass at its last row: `prompt`
+        is a caller's words without their final mark (open_prompt). None when nothing was
+        computed (a prompt under 2 tokens, or cancelled first). A preemptive start reads the
+        same row off its own prefill instead (backend.stream, `words_end`)."""
+        seen: list[float] = []
+        self.prefill(prompt, conversation, cancel, Observe(0, lambda row: seen.append(self.end_mass(row))))
+        return seen[0] if seen else None
+
+    @property
+    def end_ids(self) -> list[int]:
+        """The target's tokens that end a sentence or a message: every token whose text is
+        only end marks (".", "?", "!", "...", "?!", with or without spaces and newlines),
+        and its end-of-message tokens."""
+        if self._end_ids is None:
+            tok = self.target.tokenizer
+            vocab = self.target.model.args.vocab_size
+            marks = {i for i in range(min(vocab, len(tok))) if _is_end_mark(tok.decode([i]))}
+            self._end_ids = sorted(marks | {i for i in self.target.eos_ids if i < vocab})
+        return self._end_ids
 
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.chat_prompt(messages))
@@ -367,6 +399,7 @@ class SpeculativeEngine:
         params: SamplingParams,
         conversation: Conversation | None = None,
         cancel: threading.Event | None = None,
+        observe: Observe | None = None,
     ) -> Iterator[TokenGroup]:
         # A constraint compiles before anything runs: a bad one is an error with no token out.
         guide = self.grammars.start(params.constraint) if params.constraint is not None else None
@@ -377,7 +410,8 @@ class SpeculativeEngine:
         conv.last_stats = stats
         detok = IncrementalDetokenizer(self.target.tokenizer, params.stop)
         scheduler = self.scheduler
-        gen = Generation(params, self.target.eos_ids, self.context_tokens, cancel, self.lock, scheduler, guide)
+        gen = Generation(params, self.target.eos_ids, self.context_tokens, cancel, self.lock, scheduler, guide,
+                         observe)
         drafters = conv.drafters
         if guide is not None and drafters:
             # What the constraint forces is drafted first, for free (accepted with certainty).
@@ -392,6 +426,11 @@ class SpeculativeEngine:
         groups = list(self.stream(prompt, params, conv))
         ids = [t for g in groups for t in g.token_ids]
         return ids, groups, conv.last_stats
+
+
+def _is_end_mark(text: str) -> bool:
+    text = text.strip()
+    return bool(text) and all(c in ".?!" for c in text)
 
 
 def realign(cached: list[int], prompt: list[int], decode: Callable[[list[int]], str]) -> list[int]:

@@ -312,11 +312,14 @@ def forward(
     tokens: torch.Tensor,
     start: int,
     all_logits: bool = True,
+    also_row: int | None = None,
 ) -> torch.Tensor:
     """Run `tokens` (1-D) at positions [start, start + T); return float32 logits.
 
     all_logits=False returns only the last row's logits (a prefill needs no more, and
-    the vocabulary head is the most expensive layer of a small model).
+    the vocabulary head is the most expensive layer of a small model); with `also_row`
+    (an index below T - 1) that row's first, then the last's: a prefill that also reads
+    the distribution after a caller's words (decoder.first_pass, Generation.observe).
 
     On a cache with fixed-width steps, up to their widest width of tokens run as one
     padded fixed-width step (decode, verify, a draft's catch-up); longer inputs (a
@@ -328,7 +331,7 @@ def forward(
     if steps is not None and t <= steps.max_width:
         logits = steps.run(tokens, start)
         cache.length = start + t
-        return logits if all_logits else logits[-1:]
+        return logits if all_logits else logits[_kept_rows(t, also_row)]
     cache.ensure(start + t, a.max_position)
     positions = torch.arange(start, start + t, device=tokens.device)
     cos, sin = rope_tables(model, positions)
@@ -342,9 +345,18 @@ def forward(
                    lambda layer, q: attend_rowwise(q, cache.keys[layer], cache.values[layer], start, scale))
     cache.length = start + t
     if not all_logits:
-        x = x[-1:]
+        x = x[_kept_rows(t, also_row)]
     x = rms_norm(x, model.final_norm, a.rms_norm_eps)
     return model.lm_head(x).to(torch.float32)
+
+
+def _kept_rows(t: int, also_row: int | None) -> slice | list[int]:
+    """The rows a forward with all_logits=False returns logits for, of its `t`."""
+    if also_row is None:
+        return slice(t - 1, t)
+    if not 0 <= also_row < t - 1:
+        raise ValueError(f"also_row must be below the last of {t} rows, got {also_row}")
+    return [also_row, t - 1]
 
 
 @dataclass
@@ -356,6 +368,7 @@ class Segment:
     tokens: torch.Tensor
     start: int
     all_logits: bool = True
+    also_row: int | None = None  # with all_logits=False: this row's logits too, first (forward)
 
 
 def forward_many(model: Transformer, segments: list[Segment]) -> list[torch.Tensor]:
@@ -396,13 +409,17 @@ def forward_many(model: Transformer, segments: list[Segment]) -> list[torch.Tens
     keep = []
     for seg, (lo, hi) in zip(segments, bounds):
         seg.cache.length = seg.start + hi - lo
-        keep.extend(range(lo, hi) if seg.all_logits else [hi - 1])
+        if seg.all_logits:
+            keep.extend(range(lo, hi))
+        else:
+            rows = _kept_rows(hi - lo, seg.also_row)
+            keep.extend(range(lo + rows.start, lo + rows.stop) if isinstance(rows, slice) else [lo + r for r in rows])
     x = x[torch.tensor(keep, device=x.device)]
     x = rms_norm(x, model.final_norm, a.rms_norm_eps)
     logits = model.lm_head(x).to(torch.float32)
     out, row = [], 0
     for seg, (lo, hi) in zip(segments, bounds):
-        n = hi - lo if seg.all_logits else 1
+        n = hi - lo if seg.all_logits else 1 + (seg.also_row is not None)
         out.append(logits[row : row + n])
         row += n
     return out

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -153,6 +153,18 @@ class GenerationStats:
         }
 
 
+@dataclass(frozen=True)
+class WordsEnd:
+    """What a stream's `cancel` may carry (as `words_end`) to have the backend score the
+    caller's words from the stream's own prefill: `messages` are the stream's messages up
+    to those words, without their final mark ("Do you accept"); `report` is called with the
+    probability that they end the caller's message (llm.engine.SpeculativeEngine.end_mass),
+    from the engine's thread, if the prefill computes their last row."""
+
+    messages: list[dict]
+    report: Callable[[float], None]
+
+
 @runtime_checkable
 class LLMBackend(Protocol):
     """What a call needs of its language model.
@@ -173,6 +185,9 @@ class LLMBackend(Protocol):
     Optional: `async prefill(messages, cancel) -> int`, the K/V of the prompt up to the
     last message's words so far, computed now (llm.backend.SpeculativeBackend; a call
     prefills a caller's words while they speak). A backend without it is not asked.
+    Optional: `scores_words_end = True`: a `cancel` carrying `words_end` (WordsEnd) gets
+    the probability that the caller's words end their message, read off the stream's own
+    prefill (a preemptive start; the turn waits on a low one).
     """
 
     tools: list[dict] | None

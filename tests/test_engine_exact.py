@@ -260,3 +260,96 @@ def test_a_turn_reads_the_previous_answer_as_the_tokens_the_model_wrote(tiny_mod
     assert realign(p1 + written, other, decode) == other
     broken = [t for t in range(eng.target.model.args.vocab_size) if "\ufffd" in decode([t])][:2]
     assert broken and realign(p1 + broken, p1 + canonical, decode) == p1 + canonical
+
+
+def test_end_probability_is_the_targets_mass_on_end_marks_and_leaves_the_conversation_exact(tiny_models):
+    """engine.end_probability: the probability HF's own forward gives the next token being
+    an end mark ("." "?" "!" and the like) or end of text, after the prompt; its prefill
+    leaves the conversation's cache exact (a later prompt that goes on from it generates
+    what a fresh engine does)."""
+    from transformers import AutoModelForCausalLM
+
+    eng = engine(tiny_models["target"])
+    tok = eng.target.tokenizer
+    ends = eng.end_ids
+    assert set(ends) >= {tok.convert_tokens_to_ids(t) for t in (".", "?", "!")} | set(eng.target.eos_ids)
+    assert all(set(tok.decode([i]).strip()) <= set(".?!") for i in ends if i not in eng.target.eos_ids)
+    assert tok.convert_tokens_to_ids("a") not in ends
+    hf = AutoModelForCausalLM.from_pretrained(tiny_models["target"], torch_dtype=torch.float32).eval()
+    conv = eng.new_conversation()
+    for text in ("Riverside Dental is open Monday to Friday", "A cleaning costs $89, a check-up"):
+        prompt = eng.encode(text)
+        with torch.no_grad():
+            row = hf(torch.tensor([prompt])).logits[0, -1]
+        expected = float(torch.softmax(row.float(), -1)[ends].sum())
+        assert eng.end_probability(prompt, conv) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert eng.end_probability(eng.encode("A"), conv) is None  # under 2 tokens: nothing computed
+    later = eng.encode("A cleaning costs $89, a check-up $59. When?")
+    ids, _, stats = eng.generate(later, SamplingParams(max_new_tokens=16), conv)
+    assert stats.prefilled_tokens < len(later)  # the scored words' K/V was reused
+    assert ids == engine(tiny_models["target"]).generate(later, SamplingParams(max_new_tokens=16))[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_a_stream_reads_the_logits_after_the_words_off_its_own_prefill_and_writes_the_same_tokens(tiny_models, dtype):
+    """Observe(before_end): the prefill also returns the logits of an earlier prompt row
+    (one more row of the vocabulary head): they are HF's logits at that position, and the
+    generation's tokens are those of the same stream without it. A row the cache already
+    held is not reported."""
+    from transformers import AutoModelForCausalLM
+
+    from llm.decoder import Observe
+
+    eng = engine(tiny_models["target"], tiny_models["target"], "model", 3, dtype)
+    plain = engine(tiny_models["target"], tiny_models["target"], "model", 3, dtype)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_models["target"], torch_dtype=torch.float32).eval()
+    words = eng.encode("Riverside Dental is open Monday to Friday")
+    prompt = words + eng.encode("? Hello!")
+    seen = []
+    params = SamplingParams(max_new_tokens=12)
+    conv = eng.new_conversation()
+    groups = list(eng.stream(prompt, params, conv, observe=Observe(len(prompt) - len(words), seen.append)))
+    ids = [t for g in groups for t in g.token_ids]
+    assert ids == plain.generate(prompt, params)[0]
+    with torch.no_grad():
+        expected = hf(torch.tensor([words])).logits[0, -1]
+    (row,) = seen
+    if dtype == "float32":
+        assert torch.allclose(row, expected, atol=1e-4)
+    assert int(row.argmax()) == int(expected.argmax())
+    # The same words again on the same conversation: their row is in the cache, not computed.
+    again = []
+    later = prompt + ids + eng.encode(" Riverside")
+    list(eng.stream(later, params, conv, observe=Observe(len(later) - len(words), again.append)))
+    assert again == []
+
+
+async def test_the_backend_scores_a_cancels_words_end_from_the_streams_prefill(tiny_models):
+    """SpeculativeBackend.stream with a cancel carrying `words_end`: the report is end_mass
+    of the logits after the words (engine.end_probability's, on a fresh conversation), and
+    the tokens are those of the same stream without it. Words that are not the prompt's
+    opening are not scored."""
+    import threading
+
+    from llm.backend import SpeculativeBackend
+    from llm.types import WordsEnd
+
+    eng = engine(tiny_models["target"])
+    history = [{"role": "user", "content": "Riverside Dental is open Monday to Friday"}]
+    messages = [{"role": "user", "content": "Riverside Dental is open Monday to Friday?"}]
+    reports, threads = [], []
+
+    class Cancel(threading.Event):
+        words_end = WordsEnd(history, lambda p: (reports.append(p), threads.append(threading.current_thread())))
+
+    async def tokens(backend, cancel):
+        return [t async for g in backend.stream(messages, SamplingParams(max_new_tokens=10), cancel) for t in g.token_ids]
+
+    scored = await tokens(SpeculativeBackend(eng), Cancel())
+    assert scored == await tokens(SpeculativeBackend(eng), None)
+    expected = eng.end_probability(eng.open_prompt(history), eng.new_conversation())
+    assert reports == [pytest.approx(expected, rel=1e-4, abs=1e-7)]
+    assert threads[0] is not threading.main_thread()  # from the engine's thread
+    Cancel.words_end = WordsEnd([{"role": "user", "content": "Something else entirely"}], reports.append)
+    await tokens(SpeculativeBackend(eng), Cancel())
+    assert len(reports) == 1
