@@ -231,6 +231,8 @@ class AgentModels:
             tools=tool_schemas(self.config))
         if prefix:
             self.engine.warm_prefix(prefix)
+        if self.config.turn.words_end_threshold > 0:
+            _ = self.engine.end_ids  # the end marks of a 150k vocabulary (~0.7 s), not in the first pause
         if self.config.tools.plan and self.bookings is not None:
             # The plan's constraint: llguidance's tokenizer (about a second for a 150k
             # vocabulary) and the grammar of today's slots, built now rather than inside the
@@ -311,7 +313,8 @@ def turn_taker(config: Config, model: EndOfTurnModel | None, executor: Executor 
     # turn's end is still vad.end_silence_ms of silence.
     end_silence_s = (config.vad.end_silence_ms / 1000 if model is None and t.preempts
                      and t.pause_ms < config.vad.end_silence_ms else None)
-    return TurnTaker(model, policy, max_turn_s=t.max_turn_s, executor=executor, end_silence_s=end_silence_s)
+    return TurnTaker(model, policy, max_turn_s=t.max_turn_s, executor=executor, end_silence_s=end_silence_s,
+                     words_end_threshold=t.words_end_threshold)
 
     def describe(self) -> dict[str, Any]:
         return {"load_s": {k: round(v, 2) for k, v in self.load_s.items()}}

@@ -182,6 +182,13 @@ class TurnConfig(Section):
     # the silence runs out (pipeline/stages/speak_ahead.py); a kept answer's audio is ready
     # at the end of the turn. Only the exact sentence the turn says reuses it.
     speak_ahead: bool = True
+    # Silence mode with preemption: at each pause the LLM scores the caller's words (without
+    # their final mark) for how likely they end the message: the probability, read off the
+    # preemptive start's own prefill, that its next token is ".", "?", "!" or the end of the
+    # message (llm.engine.SpeculativeEngine.end_mass). Below this the turn waits up to
+    # max_silence_ms, as on "... for next": the STT writes "Do you accept?" for a caller
+    # who stopped after "accept" to think. 0: off. Measured: README "Turn-taking".
+    words_end_threshold: float = Field(default=0.002, ge=0.0, lt=1.0)
 
     @property
     def preempts(self) -> bool:

@@ -79,6 +79,9 @@ class TurnEnd:
     # The transcript of exactly this audio, made at its last pause (`transcribe_pause`): the
     # turn awaits it instead of transcribing (a task giving None: transcribe as usual).
     transcript: asyncio.Future | None = field(default=None, compare=False)
+    # Silence mode with preemption: the LLM's probability that the caller's words end their
+    # message, scored at the last pause (TurnTaker.words_ended); None if not scored in time.
+    words_end: float | None = None
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,8 @@ class CallReport:
         if turn.end_of_turn is not None:
             e = turn.end_of_turn
             entry["end_of_turn"] = {"reason": e.reason, "probability": e.probability, "pauses": e.pauses}
+            if e.words_end is not None:  # silence mode: the LLM scored the pause's words
+                entry["end_of_turn"]["words_end"] = e.words_end
         if turn.error:
             entry["error"] = turn.error
         return entry

@@ -158,7 +158,8 @@ def config(tmp_path, preemptive: bool = True, mode: str = "smart_turn", plan: bo
 
 
 def make_call(cfg, steps, backend, stt, model, log: list | None = None,
-              end_silence_s: float | None = None, tts=None, greeting: str = "") -> tuple[Call, ScriptSource, LogSink]:
+              end_silence_s: float | None = None, tts=None, greeting: str = "",
+              words_end_threshold: float = 0.0) -> tuple[Call, ScriptSource, LogSink]:
     """A call on the script. `model` None and `end_silence_s`: silence mode with pauses
     (200 ms, the turn ends at `end_silence_s`); `model` None alone: plain silence mode, the
     endpointer's 500 ms end the turn."""
@@ -169,7 +170,7 @@ def make_call(cfg, steps, backend, stt, model, log: list | None = None,
                                                         pre_roll_ms=64, post_roll_ms=32))
     # The audio's own clock decides (clock 0): the same turns whatever this machine's speed.
     turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
-                      end_silence_s=end_silence_s)
+                      end_silence_s=end_silence_s, words_end_threshold=words_end_threshold)
     call = Call(cfg, source, sink, stt=stt, tts=tts or ToneTTS(chunks=1, chunk_s=0.02), backend=backend,
                 endpointer=endpointer, turns=turns, mqtt=None, greeting=greeting,
                 on_event=lambda kind, data: log.append((kind, data)))
@@ -296,6 +297,100 @@ async def test_silence_mode_waits_longer_when_the_pause_words_leave_the_sentence
     t.heard(RATE, "I would like a cleaning for next")  # the caller speaks again: too late
     await t.on_event(piece(1.3, 2.0))
     assert t.on_time(2.0 + 0.5) is not None
+
+
+async def test_silence_mode_waits_longer_when_the_llm_scores_the_pause_words_as_unfinished():
+    """Silence mode with pauses: a pause whose words the LLM scores below the threshold
+    (words_ended: "Do you accept?" from a caller who stopped after "accept") waits up to
+    max_silence_s; a score above it, one of other audio, or no threshold, does not."""
+    from voice.endpointer import SpeechEnded
+
+    def taker(threshold=0.005):
+        return TurnTaker(None, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                         announce_pauses=True, end_silence_s=0.5, words_end_threshold=threshold)
+
+    async def pending(t):
+        await t.on_event(SpeechEnded(tone(1.0), 0.0, 1.0, 1.2, "silence", 0.0))
+        t.heard(RATE, "Do you accept?")
+        return t
+
+    t = await pending(taker())
+    t.words_ended(RATE, 0.0002)
+    assert t.on_time(1.0 + 0.5) is None and t.on_time(1.0 + 1.4) is None
+    end = t.on_time(1.0 + 1.5)
+    assert end.reason == "timeout" and end.words_end == 0.0002
+    t = await pending(taker())
+    t.words_ended(RATE, 0.9)
+    end = t.on_time(1.0 + 0.5)
+    assert end.reason == "silence" and end.words_end == 0.9
+    t = await pending(taker())
+    t.words_ended(RATE // 2, 0.0002)  # of half the audio: not these words
+    assert t.on_time(1.0 + 0.5).words_end is None
+    t = await pending(taker(0.0))  # off
+    t.words_ended(RATE, 0.0002)
+    assert t.on_time(1.0 + 0.5).reason == "silence"
+
+
+class EndScoringBackend(ScriptedBackend):
+    """A scripted backend that scores the caller's words as SpeculativeBackend does, from
+    the stream's cancel (`words_end`), from a table; it records what it was asked."""
+
+    scores_words_end = True
+
+    def __init__(self, scores: dict[str, float], groups: list[str]):
+        super().__init__(groups)
+        self.scores, self.scored = scores, []
+        self.reported = asyncio.Event()
+
+    async def wait_scored(self, n: int) -> None:
+        while len(self.scored) < n:
+            self.reported.clear()
+            await self.reported.wait()
+
+    async def stream(self, messages, params, cancel=None):
+        request = getattr(cancel, "words_end", None)
+        if request is not None:
+            words = request.messages[-1]["content"]
+            assert request.messages[:-1] == messages[:len(request.messages) - 1]  # the stream's own history
+            reporter = threading.Thread(target=request.report, args=(self.scores[words],))  # the engine's thread
+            reporter.start()
+            reporter.join()
+            self.scored.append(words)  # the turn-taker is told before anyone waiting on this
+            self.reported.set()
+        async for group in super().stream(messages, params, cancel):
+            yield group
+
+
+@pytest.mark.parametrize("score, turns", [(0.0002, 1), (0.9, 2)])
+async def test_a_call_in_silence_mode_keeps_words_the_llm_scores_unfinished_in_one_turn(tmp_path, score, turns):
+    """The call wires the LLM's score of the pause's words to the turn-taker: "Do you
+    accept?" at a 0.9 s pause (longer than the 0.5 s end of turn), scored as unlikely to
+    end the message, then "Aetna": one turn with all the words. Scored as an end: two
+    turns. The LLM scores the words without their final mark; the turn's report has it."""
+    whole = "Do you accept Aetna?"
+    stt = ScriptedSTT(lambda audio: "Do you accept?" if len(audio) < 1.5 * RATE else whole)
+    backend = EndScoringBackend({"Do you accept": score, "Do you accept Aetna": 0.9}, ["Yes."])
+
+    async def first_scored() -> None:
+        await backend.wait_scored(1)
+
+    async def second_scored() -> None:  # the last pause's ("... Aetna", or the second turn's)
+        await backend.wait_scored(2)
+
+    cfg = config(tmp_path, True, "silence")
+    cfg = cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"words_end_threshold": 0.005})})
+    call, _, _ = make_call(cfg, [silence(0.3), tone(1.0), silence(0.25), first_scored, silence(0.65), tone(0.8),
+                                 silence(0.25), second_scored, silence(2.0)], backend, stt, None, end_silence_s=0.5,
+                           words_end_threshold=0.005)
+    await asyncio.wait_for(call.run(), 120)
+    assert backend.scored[0] == "Do you accept"
+    assert len(call.turns) == turns
+    (first, *_) = load_report(call.report_path)["turns"]
+    if turns == 1:
+        assert call.turns[0].user_text == whole
+        assert first["end_of_turn"]["words_end"] == 0.9  # the last pause's words: "... Aetna"
+    else:
+        assert call.turns[0].user_text == "Do you accept?" and first["end_of_turn"]["words_end"] == 0.9
 
 
 @pytest.mark.parametrize("first_words, turns", [("I would like a cleaning for next", 1),

@@ -210,6 +210,12 @@ def open_ending(transcript: str) -> str | None:
     return word
 
 
+def without_end_mark(transcript: str) -> str:
+    """`transcript` without the marks the STT ends it with ("Do you accept?" -> "Do you
+    accept"): what the LLM scores for whether the caller's message ends there."""
+    return transcript.strip().rstrip(".?!,;:…").rstrip()
+
+
 # ---------------------------------------------------------------- the end-of-turn rule
 
 

@@ -52,6 +52,12 @@ heard: an action's plan line is not in it, the hold line and the reply are ("One
 please. ..."), so without this the caller's next turn prefilled that reply first
 (measured: 40-50 tokens, 2-3 s on a 2-core AVX2 EPYC, where a start waited for it).
 
+Whether the caller is done (`on_ending`, silence mode): the start asks its own stream to
+score the pause's words (llm.types.WordsEnd on its cancel): the probability, from the
+logits after the words in the prompt its prefill computes anyway, that they end the
+caller's message. The turn-taker waits on a low one ("Do you accept?" from a caller who
+stopped after "accept"), as on words that end on "for".
+
 Events (through `emit`, and in the turn's report entry): preemptive_start,
 preemptive_kept, preemptive_discarded (with why).
 """
@@ -71,10 +77,11 @@ from typing import Any
 import numpy as np
 
 from llm.tool_calls import ToolCallParse
-from llm.types import GenerationStats, SamplingParams, TokenGroup
+from llm.types import GenerationStats, SamplingParams, TokenGroup, WordsEnd
 from pipeline.ports import LLMBackend, SpeechToText
 from pipeline.events import (CallEvent, PreemptiveDiscarded, PreemptiveKept, PreemptiveStart, TurnEnd,
                              TurnPending)
+from voice.turn_detector import open_ending, without_end_mark
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +105,8 @@ class Stop:
         # conversation's wait (llm/scheduler.py); read from the engine's thread.
         self.background = True
         self.on_conversation = False  # a speech prefill: past its STT, into the LLM's cache
+        # The start's request to score the caller's words from its prefill (llm.types.WordsEnd).
+        self.words_end: WordsEnd | None = None
 
     def set(self) -> None:
         self._set = True
@@ -182,6 +191,9 @@ class Preemptor:
         # Told each pause's transcript as it is known: (samples of the turn's audio, text);
         # silence mode's turn-taker waits longer on "... for next" (stages/turn_taking.py).
         self.on_transcript: Callable[[int, str], None] | None = None
+        # Told, when set and the backend can score it (`scores_words_end`), the LLM's
+        # probability that a pause's words end the caller's message: (samples, P).
+        self.on_ending: Callable[[int, float], None] | None = None
         # Told each buffered token group of a generation (preemption, group): the first
         # sentence is synthesised ahead (stages/speak_ahead.py).
         self.on_group: Callable[[Preemption, TokenGroup], None] | None = None
@@ -388,6 +400,7 @@ class Preemptor:
             sent, p.params = await loop.run_in_executor(self.executor, self.first_round, messages, p.text)
             if p.stop.is_set():
                 return
+            await self._ask_words_end(p)
             p.messages, p.sent = messages, sent
             p.prompt.set_result(messages)
             self.llm_starts += 1
@@ -409,6 +422,26 @@ class Preemptor:
                     fut.set_result(None)
             p.finished = True
             p.changed.set()
+
+    async def _ask_words_end(self, p: Preemption) -> None:
+        """Have the start's own prefill score how likely the pause's words end the caller's
+        message (llm.types.WordsEnd: the logits after the words without their final mark,
+        one more row of the vocabulary head, no pass of its own); `on_ending` is told, and
+        the turn-taker waits on a low one. Not when the words already leave the sentence
+        open ("... for next", which waits anyway), nor on a backend that cannot."""
+        words = without_end_mark(p.text)
+        if (self.on_ending is None or not getattr(self.backend, "scores_words_end", False) or not words
+                or open_ending(p.text)):
+            return
+        loop = asyncio.get_running_loop()
+        messages = await loop.run_in_executor(self.executor, self.messages_for, words)
+
+        def scored(probability: float) -> None:  # on the loop
+            if not p.stop.is_set() and self.on_ending is not None:
+                self._note(p, "words_end", probability=round(probability, 5))
+                self.on_ending(len(p.pause.audio), probability)
+
+        p.stop.words_end = WordsEnd(messages, lambda probability: loop.call_soon_threadsafe(scored, probability))
 
     def _note(self, p: Preemption, event: str, **data: Any) -> None:
         p.log.append({"event": event, "t": time.monotonic(), **data})

@@ -87,6 +87,8 @@ class TranscriptSources:
                                   first_round=first_round)
             if turns.model is None:
                 preemptor.on_transcript = turns.heard  # "... for next" waits (silence mode)
+                if turns.words_end_threshold > 0:
+                    preemptor.on_ending = turns.words_ended  # ... and so does "Do you accept?"
             if tts is not None and config.turn.speak_ahead:
                 hold_line = config.tools.hold_line if config.tools.enabled else ""
                 fallback = (config.business.fallback or FALLBACK) if config.agent.guard else ""

@@ -8,7 +8,10 @@ ends when the silence reaches `end_silence_s` (vad.end_silence_ms), on exactly t
 of the last pause unless the caller spoke again; when the pause's words are known (`heard`,
 from the preemptive start's STT) and leave the sentence open ("... a cleaning for next",
 "... in passing,": voice.turn_detector.open_ending), it waits on up to
-`turn.max_silence_ms` (reason "timeout"). With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
+`turn.max_silence_ms` (reason "timeout"); so it does when the LLM scores those words as
+unlikely to end the caller's message (`words_end` below `words_end_threshold`: the STT
+writes "Do you accept?" for a caller who stopped after "accept" to think;
+Preemptor.on_ending). With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
 the endpointer runs with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a
 *pause*. The pause's audio joins the pending turn, the model is asked once on the turn's
 audio so far, and voice.turn_detector.TurnPolicy decides:
@@ -68,11 +71,13 @@ class TurnTaker:
                  executor: Executor | None = None, clock: Callable[[], float] = time.monotonic,
                  announce_pauses: bool = False,
                  transcribe_pause: Callable[[np.ndarray], Awaitable[str | None]] | None = None,
-                 end_silence_s: float | None = None):
+                 end_silence_s: float | None = None, words_end_threshold: float = 0.0):
         self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
         # Silence mode with pauses (no model): the turn ends at this much silence (None:
         # every SpeechEnded ends it, the endpointer's own silence).
         self.end_silence_s = end_silence_s if model is None else None
+        # Silence mode: a pending turn whose words score below this (words_ended) waits.
+        self.words_end_threshold = words_end_threshold
         # Called at every pause as it is declared, with the pending turn's TurnPending (the
         # call starts its preemptive answer there); None: waiting pauses are returned.
         self.on_pause: Callable[[TurnPending], None] | None = None
@@ -84,6 +89,7 @@ class TurnTaker:
         self.transcribe_pause = transcribe_pause
         self._transcript: asyncio.Future | None = None  # of the pending audio, from its last pause
         self._heard: str | None = None  # silence mode: the words of all the pending audio (heard())
+        self._words_end: float | None = None  # ... and the LLM's P(they end the message) (words_ended())
         self._pending: list[SpeechEnded] = []
         self._probability: float | None = None
         self._speaking = False  # the caller is speaking again after a pause
@@ -107,7 +113,7 @@ class TurnTaker:
         if isinstance(event, SpeechStarted):
             self._speaking = True
             self._probability = None  # the caller went on: the next pause asks anew
-            self._transcript = self._heard = None  # ... and its transcript is of other audio
+            self._transcript = self._heard = self._words_end = None  # ... and its transcript is of other audio
             return [event]
         self._speaking = False
         if self.model is None and self.end_silence_s is None:
@@ -161,9 +167,10 @@ class TurnTaker:
         if self.model is None:
             if silence < self.end_silence_s:
                 return None
-            if self._heard is not None and open_ending(self._heard):
+            unfinished = self._words_end is not None and self._words_end < self.words_end_threshold
+            if unfinished or (self._heard is not None and open_ending(self._heard)):
                 # "I'd like a cleaning for next ... Tuesday", "in passing, ... that": the words
-                # say the caller is not done.
+                # say the caller is not done; or the LLM does ("Do you accept ... Aetna?").
                 return self._end(now, "timeout") if silence >= self.policy.max_silence_s else None
             return self._end(now, "silence")
         t = self._transcript
@@ -177,6 +184,12 @@ class TurnTaker:
         kept while they are the words of all of it (the caller has not spoken since)."""
         if self._pending and not self._speaking and samples == self.pending_samples:
             self._heard = text
+
+    def words_ended(self, samples: int, probability: float) -> None:
+        """The LLM's probability that the words of the pending turn's first `samples`
+        samples end the caller's message (Preemptor.on_ending); kept as `heard` is."""
+        if self._pending and not self._speaking and samples == self.pending_samples:
+            self._words_end = probability
 
     def flush(self) -> TurnEnd | None:
         """The stream ended (not a hang-up): a waiting turn is answered."""
@@ -196,9 +209,10 @@ class TurnTaker:
         # The last pause's transcript is of this very audio unless a piece came after it
         # (max_length / flush end on a new piece: the pause saw none of it).
         transcript, self._transcript, self._heard = self._transcript, None, None
+        words_end, self._words_end = self._words_end, None
         if reason in ("max_length", "flush") and transcript is not None:
             transcript = None
-        return TurnEnd(merged, reason, probability, len(pieces), transcript)
+        return TurnEnd(merged, reason, probability, len(pieces), transcript, words_end)
 
 
 async def _or_none(transcript: Awaitable[str | None]) -> str | None:
