@@ -50,6 +50,10 @@ speculation in every run), one call per mode over the same lines, side by side
                  silence_preemptive without speaking ahead ([turn] speak_ahead = false):
                  the answer's first sentence is synthesised after the turn ends, not
                  while its silence runs out
+  silence_preemptive_words_only
+                 silence_preemptive without the LLM's end-of-words score
+                 ([turn] words_end_threshold = 0): only the pause's words ("... for",
+                 a final comma) make the turn wait (bench endings measures both)
 The default lines (15; or --wav files): 5 receptionist questions, 6 lines spoken with a
 --pause-ms pause (default 700 ms) after words that cannot end a turn ("Do you accept |
 Delta Dental insurance?"), and 4 lines the caller trails off at. Every third line
@@ -104,7 +108,7 @@ HUMAN = [
 HUMAN_VOICE = "human"
 NO_TOOLS = "-no_tools"  # --without-tools: the label of a mode's run with [tools] enabled = false
 TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive",
-              "silence_preemptive_no_ahead")
+              "silence_preemptive_no_ahead", "silence_preemptive_words_only")
 MODE_ALIASES = {"silence": "baseline"}  # the old name (README commands)
 # Each mode's turn ending and STT: config.turn fields, and stt.streaming.
 MODE_SETTINGS = {
@@ -115,6 +119,8 @@ MODE_SETTINGS = {
     "silence_preemptive": ({"mode": "silence", "preemptive": True}, False),
     "smart_preemptive": ({"mode": "smart_turn", "preemptive": True}, False),
     "silence_preemptive_no_ahead": ({"mode": "silence", "preemptive": True, "speak_ahead": False}, False),
+    # The pause's words decide alone, without the LLM's end-of-words score (bench endings).
+    "silence_preemptive_words_only": ({"mode": "silence", "preemptive": True, "words_end_threshold": 0.0}, False),
 }
 OTHER_VOICE_EVERY = 3  # default lines: every third one spoken by espeak-ng, not Piper
 ESPEAK = "espeak-ng"

@@ -27,11 +27,16 @@ def config():
     ("silence_preemptive", "silence", True, False),
     ("smart_preemptive", "smart_turn", True, False),
     ("silence_preemptive_no_ahead", "silence", True, False),
+    ("silence_preemptive_words_only", "silence", True, False),
 ])
 def test_mode_config_sets_turn_and_streaming_stt(config, mode, turn_mode, preemptive, streaming):
     cfg = bench._mode_config(config, mode)
     assert (cfg.turn.mode, cfg.turn.preemptive, cfg.stt.streaming) == (turn_mode, preemptive, streaming)
     assert cfg.turn.speak_ahead == (mode != "silence_preemptive_no_ahead")
+    if mode == "silence_preemptive_words_only":  # the LLM's end-of-words score off, on in the config
+        assert cfg.turn.words_end_threshold == 0.0 < config.turn.words_end_threshold
+    else:
+        assert cfg.turn.words_end_threshold == config.turn.words_end_threshold
     # The rest of the config is untouched (same STT model, same LLM), except that
     # streaming needs Whisper's word timestamps.
     if streaming and config.stt.engine != "whisper":
@@ -57,7 +62,7 @@ def test_silence_is_an_alias_of_baseline(config):
 
 def test_all_is_every_mode_and_unknown_names_are_reported():
     every = ["baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive",
-             "silence_preemptive_no_ahead"]
+             "silence_preemptive_no_ahead", "silence_preemptive_words_only"]
     assert bench.parse_turn_modes("all") == (every, [])
     assert bench.parse_turn_modes(" preemptive , all") == (["preemptive", *[m for m in every if m != "preemptive"]], [])
     assert bench.parse_turn_modes("baseline,fast") == (["baseline"], ["fast"])
@@ -182,7 +187,8 @@ def test_run_turn_modes_writes_lines_and_per_mode_summary(config, tmp_path, monk
         "baseline": ("silence", False, False), "streaming_stt": ("silence", False, True),
         "smart_turn": ("smart_turn", False, False), "preemptive": ("smart_turn", True, True),
         "silence_preemptive": ("silence", True, False), "smart_preemptive": ("smart_turn", True, False),
-        "silence_preemptive_no_ahead": ("silence", True, False)}
+        "silence_preemptive_no_ahead": ("silence", True, False),
+        "silence_preemptive_words_only": ("silence", True, False)}
     out = json.loads((tmp_path / "out.json").read_text())
     lines = out["lines"]
     assert len(lines) == len(played["baseline"][3]) >= 15 and sum(line["paused"] for line in lines) >= 5

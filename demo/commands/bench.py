@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "benchmarks: llm, engine, voice, pipeline, load, batch, quality, tools, constrained, web"
+HELP = "benchmarks: llm, engine, voice, pipeline, endings, load, batch, quality, tools, constrained, web"
 DESCRIPTION = """\
 Benchmarks print their figures and write JSON (--out). Compare modes side by side in
 one run: this machine is shared and noisy, so ratios measured together are what count.
@@ -13,6 +13,7 @@ one run: this machine is shared and noisy, so ratios measured together are what 
   specvoice bench engine --out engine.json        # controlled acceptance, random weights (GPU or CPU)
   specvoice bench voice --out voice.json          # STT / TTS / VAD real-time factors
   specvoice bench pipeline --out pipeline.json    # a scripted call, speculation on vs off
+  specvoice bench endings --out endings.json      # does a pause end the turn: whole vs cut questions
   specvoice bench load --calls 1 2 4              # N simulated callers against one bridge
   specvoice bench batch --calls 1 2 4 --threads 1 # N conversations on one engine: batched vs one pass at a time
   specvoice bench quality --out quality.json      # % correct / % false claims on fact-checked questions
@@ -27,6 +28,7 @@ BENCHES: list[tuple[str, str]] = [
     ("engine", "bench.engine"),
     ("voice", "bench.voice"),
     ("pipeline", "bench.pipeline"),
+    ("endings", "bench.endings"),
     ("load", "bench.load"),
     ("batch", "bench.batch"),
     ("quality", "bench.quality"),
