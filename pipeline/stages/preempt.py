@@ -401,6 +401,8 @@ class Preemptor:
             if p.stop.is_set():
                 return
             await self._ask_words_end(p)
+            if p.stop.is_set():
+                return
             p.messages, p.sent = messages, sent
             p.prompt.set_result(messages)
             self.llm_starts += 1

@@ -210,8 +210,8 @@ class TurnTaker:
         # (max_length / flush end on a new piece: the pause saw none of it).
         transcript, self._transcript, self._heard = self._transcript, None, None
         words_end, self._words_end = self._words_end, None
-        if reason in ("max_length", "flush") and transcript is not None:
-            transcript = None
+        if reason in ("max_length", "flush"):
+            transcript = words_end = None
         return TurnEnd(merged, reason, probability, len(pieces), transcript, words_end)
 
 
