@@ -425,3 +425,27 @@ def test_a_no_to_a_wrong_claim_is_followed_by_the_fact(dental, guards):
     # A no to a right claim, or one that already says the fact, is said as it is.
     turn = TurnGuard(dental, "You're closed on Sundays, right?")
     assert turn("No, we're not open on Sundays.") == "No, we're not open on Sundays."
+
+
+def test_the_callers_words_said_back_as_the_agents_claim_are_held_back(dental):
+    """echo: a statement that repeats six or more of a caller's words in a row, about
+    nothing the facts name, is the caller's claim in the agent's voice (the 1.5B said an LJ
+    reading back, then said it again to the next readings): the fallback is said instead.
+    A confirmation about the business ("... a cleaning for next Tuesday"), a question back,
+    or five words in a row are spoken."""
+    reading = "Produced the block books, which were the immediate predecessors of the troop printed book."
+    echo = "The block-books were the immediate predecessors of the troop printed book."
+    turn = TurnGuard(dental, caller=reading)
+    assert turn(echo) == FALLBACK
+    assert "caller's words back" in turn.guarded[0]["why"]
+    later = TurnGuard(dental, caller="And it is worth mention in passing that.", earlier=[reading])
+    assert later(echo) == FALLBACK  # said again to a later, unrelated turn
+    booking = "I would like to book a cleaning for next Tuesday morning."
+    turn = TurnGuard(dental, caller=booking)
+    assert turn("You'd like to book a cleaning for next Tuesday morning.") is not None
+    assert turn.guarded == []
+    turn = TurnGuard(dental, caller=reading)
+    assert turn("You read that the block books were the immediate predecessors of the troop printed book?") is not None
+    assert turn("The immediate predecessors of the book were block books.") is not None  # five in a row at most
+    assert turn.guarded == []
+    assert dental.check(echo, Support.of(caller="What are your opening hours?")).ok  # not the caller's words

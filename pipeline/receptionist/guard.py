@@ -25,6 +25,12 @@ asks whether the facts carry it:
   agreement     "Yes" / "Sure" / "That's right" to a caller's yes-no question or "..., right?"
                 claim agrees with the claim: the claim itself must pass the rules above,
                 and what it asks about must be in the facts ("Is there parking?").
+  echo          a statement that says back six or more of a caller's words in a row, about
+                nothing the facts, results or slots name (at most one of its topic words):
+                the caller's claim in the agent's voice ("The block-books were the immediate
+                predecessors of the printed book." to a caller who read that out; seen with
+                the 1.5B, which then said it again to the next turns). "You'd like to book a
+                cleaning for next Tuesday" names the facts' cleaning and Tuesday: spoken.
 
 A failed sentence is not spoken: the caller hears a correction built from the fact that
 contradicts it (a closed day, an item's price, the open slots) when one rule names that
@@ -114,6 +120,7 @@ check time times day days today tonight tomorrow now currently still around abou
 hi hello hey bye goodbye welcome glad happy
 """.split())
 _WORD = re.compile(r"[a-z][a-z']*")
+ECHO_WORDS = 6  # a run of the caller's words this long, said back, is an echo (FactGuard._echo)
 
 
 def _words(*alternatives: str) -> re.Pattern:
@@ -372,6 +379,7 @@ class Support:
     topics: set[str] = field(default_factory=set)  # every topic word of results and slots
     days: set[int] = field(default_factory=set)  # weekdays results and slots name
     caller_digits: str = ""
+    said_lines: list[list[str]] = field(default_factory=list)  # each caller line of the call, as words
     # What the caller's yes-no question asks about that no fact names ("" none; None: not
     # looked at yet): FactGuard._unknown_subject fills it at its first sentence.
     asked: str | None = None
@@ -391,7 +399,8 @@ class Support:
         lines = [(set(figures(t)), topic_words(t)) for t in [*results, *(f"open slot: {x}" for x in labels)]]
         return cls(results, done, None if slots is None else list(slots), normalize(caller),
                    set(_WORD.findall(said)), labels, lines, set().union(*(t for _, t in lines)),
-                   {d for t in [*results, *labels] for d in _days_in(t)}, re.sub(r"\D", "", said))
+                   {d for t in [*results, *labels] for d in _days_in(t)}, re.sub(r"\D", "", said),
+                   [_WORD.findall(normalize(x)) for x in [*earlier, caller] if x])
 
 
 class FactGuard:
@@ -420,6 +429,9 @@ class FactGuard:
         if not v.ok:
             return v
         v = self._agreement(norm, s)
+        if not v.ok:
+            return v
+        v = self._echo(norm, s)  # the agent's own sentence only: a caller's claim is theirs
         if not v.ok:
             return v
         return self._claims(norm, s)
@@ -623,6 +635,22 @@ class FactGuard:
             return Verdict(False, "says a slot is taken, but no tool said so this turn")
         return _OK
 
+    def _echo(self, norm: str, s: Support) -> Verdict:
+        """The caller's words said back as the agent's own claim (module doc, "echo")."""
+        words = _WORD.findall(norm)
+        if len(words) < ECHO_WORDS or not s.said_lines:
+            return _OK
+        runs = {tuple(words[i:i + ECHO_WORDS]) for i in range(len(words) - ECHO_WORDS + 1)}
+        for line in s.said_lines:
+            for i in range(len(line) - ECHO_WORDS + 1):
+                if tuple(line[i:i + ECHO_WORDS]) in runs:
+                    known = topic_words(norm) & (self.book.vocab | s.topics | _words_of(s.results))
+                    if len(known) > 1:
+                        return _OK  # about the business: a confirmation ("... a cleaning for Tuesday")
+                    return Verdict(False, f"says the caller's words back as its own: "
+                                          f"\"{' '.join(line[i:i + ECHO_WORDS])} ...\"")
+        return _OK
+
     def _agreement(self, norm: str, s: Support) -> Verdict:
         """"Yes" to a claim or a yes-no question agrees with what the caller said."""
         if not _AGREE.match(norm) or not s.caller:
@@ -734,6 +762,10 @@ _NOT_OFFERED = re.compile(r"\bwe (?:do not|don't|does not|doesn't) (?:currently 
 _NO_FEE = re.compile(r"\bno (?:\w+ )?(?:fee|charge|cost)s?\b|\b(?:don't|do not|won't|will not|doesn't|does not|didn't)"
                      r" (?:have to |need to )?(?:pay|cost|charge)\b|\bnothing to pay\b")
 _CONDITIONAL = re.compile(r"\b(?:waived|free)\b")
+
+
+def _words_of(texts: Sequence[str]) -> set[str]:
+    return set().union(*(topic_words(t) for t in texts)) if texts else set()
 
 
 def _said_sentences(text: str) -> list[str]:
