@@ -99,13 +99,13 @@ def pause_audio(pcm, rate: int, vad, endpoint, keep: int = 0):
     first `keep`) joined, trimmed as a pause's (post-roll) audio is."""
     import numpy as np
 
-    from voice.audio import resample
+    from voice.audio import frames, resample
     from voice.endpointer import Endpointer, SpeechEnded
 
     x = resample(np.asarray(pcm, np.float32), rate, 16000)
-    x = np.concatenate([x, np.zeros(32000, np.float32)])
+    x = np.concatenate([x, np.zeros(32000, np.float32)])  # 2 s of silence: the last pause ends
     ep = Endpointer(vad.stream(), endpoint)
-    pieces = [e.audio for i in range(0, len(x), 320) for e in ep.feed(x[i:i + 320], i / 16000)
+    pieces = [e.audio for i, f in enumerate(frames(x, 16000, 20)) for e in ep.feed(f, i * 0.02)
               if isinstance(e, SpeechEnded)]
     pieces = pieces[:keep] if keep else pieces
     return np.concatenate(pieces) if pieces else None

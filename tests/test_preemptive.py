@@ -374,14 +374,17 @@ async def test_a_call_in_silence_mode_keeps_words_the_llm_scores_unfinished_in_o
     async def first_scored() -> None:
         await backend.wait_scored(1)
 
-    async def second_scored() -> None:  # the last pause's ("... Aetna", or the second turn's)
+    async def second_scored() -> None:  # the last pause's: "... Aetna"
         await backend.wait_scored(2)
+
+    async def answered() -> None:  # two turns: the caller hears the first answer out, then speaks
+        await call.wait_turns(1)
 
     cfg = config(tmp_path, True, "silence")
     cfg = cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"words_end_threshold": 0.005})})
-    call, _, _ = make_call(cfg, [silence(0.3), tone(1.0), silence(0.25), first_scored, silence(0.65), tone(0.8),
-                                 silence(0.25), second_scored, silence(2.0)], backend, stt, None, end_silence_s=0.5,
-                           words_end_threshold=0.005)
+    then = [tone(0.8), silence(0.25), second_scored, silence(2.0)] if turns == 1 else [answered, tone(0.8), silence(2.0)]
+    call, _, _ = make_call(cfg, [silence(0.3), tone(1.0), silence(0.25), first_scored, silence(0.65), *then],
+                           backend, stt, None, end_silence_s=0.5, words_end_threshold=0.005)
     await asyncio.wait_for(call.run(), 120)
     assert backend.scored[0] == "Do you accept"
     assert len(call.turns) == turns

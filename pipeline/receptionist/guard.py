@@ -644,7 +644,7 @@ class FactGuard:
         for line in s.said_lines:
             for i in range(len(line) - ECHO_WORDS + 1):
                 if tuple(line[i:i + ECHO_WORDS]) in runs:
-                    known = topic_words(norm) & (self.book.vocab | s.topics | _words_of(s.results))
+                    known = topic_words(norm) & (self.book.vocab | s.topics)  # topics: results' and slots'
                     if len(known) > 1:
                         return _OK  # about the business: a confirmation ("... a cleaning for Tuesday")
                     return Verdict(False, f"says the caller's words back as its own: "
@@ -762,10 +762,6 @@ _NOT_OFFERED = re.compile(r"\bwe (?:do not|don't|does not|doesn't) (?:currently 
 _NO_FEE = re.compile(r"\bno (?:\w+ )?(?:fee|charge|cost)s?\b|\b(?:don't|do not|won't|will not|doesn't|does not|didn't)"
                      r" (?:have to |need to )?(?:pay|cost|charge)\b|\bnothing to pay\b")
 _CONDITIONAL = re.compile(r"\b(?:waived|free)\b")
-
-
-def _words_of(texts: Sequence[str]) -> set[str]:
-    return set().union(*(topic_words(t) for t in texts)) if texts else set()
 
 
 def _said_sentences(text: str) -> list[str]:

@@ -400,9 +400,7 @@ class Preemptor:
             sent, p.params = await loop.run_in_executor(self.executor, self.first_round, messages, p.text)
             if p.stop.is_set():
                 return
-            await self._ask_words_end(p)
-            if p.stop.is_set():
-                return
+            self._ask_words_end(p, messages)
             p.messages, p.sent = messages, sent
             p.prompt.set_result(messages)
             self.llm_starts += 1
@@ -425,18 +423,20 @@ class Preemptor:
             p.finished = True
             p.changed.set()
 
-    async def _ask_words_end(self, p: Preemption) -> None:
+    def _ask_words_end(self, p: Preemption, messages: list[dict]) -> None:
         """Have the start's own prefill score how likely the pause's words end the caller's
         message (llm.types.WordsEnd: the logits after the words without their final mark,
         one more row of the vocabulary head, no pass of its own); `on_ending` is told, and
         the turn-taker waits on a low one. Not when the words already leave the sentence
-        open ("... for next", which waits anyway), nor on a backend that cannot."""
+        open ("... for next", which waits anyway), nor on a backend that cannot. `messages`
+        are the start's (messages_for(p.text)): the same ones with the caller's last
+        message cut to the words."""
         words = without_end_mark(p.text)
         if (self.on_ending is None or not getattr(self.backend, "scores_words_end", False) or not words
-                or open_ending(p.text)):
+                or open_ending(p.text) or not messages or messages[-1].get("role") != "user"):
             return
         loop = asyncio.get_running_loop()
-        messages = await loop.run_in_executor(self.executor, self.messages_for, words)
+        messages = [*messages[:-1], {**messages[-1], "content": words}]
 
         def scored(probability: float) -> None:  # on the loop
             if not p.stop.is_set() and self.on_ending is not None:

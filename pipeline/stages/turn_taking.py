@@ -182,14 +182,18 @@ class TurnTaker:
     def heard(self, samples: int, text: str) -> None:
         """The words of the pending turn's first `samples` samples (a pause's transcript):
         kept while they are the words of all of it (the caller has not spoken since)."""
-        if self._pending and not self._speaking and samples == self.pending_samples:
+        if self._all_pending(samples):
             self._heard = text
 
     def words_ended(self, samples: int, probability: float) -> None:
         """The LLM's probability that the words of the pending turn's first `samples`
         samples end the caller's message (Preemptor.on_ending); kept as `heard` is."""
-        if self._pending and not self._speaking and samples == self.pending_samples:
+        if self._all_pending(samples):
             self._words_end = probability
+
+    def _all_pending(self, samples: int) -> bool:
+        """`samples` are all of the pending turn's audio, and the caller has not spoken since."""
+        return bool(self._pending) and not self._speaking and samples == self.pending_samples
 
     def flush(self) -> TurnEnd | None:
         """The stream ended (not a hang-up): a waiting turn is answered."""
