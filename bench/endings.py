@@ -6,7 +6,10 @@ unless the pause's words leave the sentence open: they end on a word like "for" 
 or on a comma (voice.turn_detector.open_ending), or the LLM scores them as unlikely to end
 the caller's message (engine.end_probability below turn.words_end_threshold). Then it
 waits up to turn.max_silence_ms. A wait on a whole question costs the caller that much
-silence; no wait on a cut one answers half a sentence (the line is cut in two).
+silence; no wait on a cut one answers half a sentence (the line is cut in two). With
+turn.words_done_silence_ms set (off by default), words that close the sentence and score
+at least turn.words_done_threshold end the turn sooner, at that silence: right on a whole
+line, and on a cut one a cut in two whenever the caller's pause is longer than that.
 
 Each line is spoken (Piper, espeak-ng, and the LJ Speech readings), kept as the endpointer
 keeps a pause's audio (turn.pause_ms), transcribed by the config's STT, and scored by the
@@ -19,11 +22,12 @@ config's LLM as the first turn of a call (system prompt and greeting before it):
   readings cut where it inserts its pause.
 
 Printed per voice: how many lines of each kind wait, by the word rules alone and with
-the LLM at each threshold. The JSON has every line: its transcript, the word rule's
-verdict, the LLM's probability and the ms it took.
+the LLM at each threshold; then how many would end early at each --done-thresholds
+value. The JSON has every line: its transcript, the word rule's verdict, the LLM's
+probability and the ms it took.
 
   specvoice bench endings --out endings.json
-  specvoice bench endings --voices piper --thresholds 0.002 0.005 0.01
+  specvoice bench endings --voices piper --thresholds 0.002 0.005 0.01 --done-thresholds 0.5 0.9
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ HELP = "turn ends: word rules and the LLM's end-of-words score on whole vs cut q
 DESCRIPTION = __doc__
 VOICES = ("piper", "espeak-ng", "human")
 THRESHOLDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05)
+DONE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voices", nargs="*", choices=VOICES, default=list(VOICES), help="voices (default: all)")
     p.add_argument("--thresholds", nargs="*", type=float, default=list(THRESHOLDS),
                    help="turn.words_end_threshold values to compare (default: %(default)s)")
+    p.add_argument("--done-thresholds", nargs="*", type=float, default=list(DONE_THRESHOLDS),
+                   help="turn.words_done_threshold values to compare (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="only the first N lines of each kind per voice")
     p.add_argument("--out", type=Path, help="write the JSON results here")
 
@@ -120,16 +127,26 @@ def waits(row: dict, threshold: float | None) -> bool:
     return bool(row["open_words"]) or unfinished
 
 
-def summarize(rows: list[dict], thresholds: list[float]) -> dict:
-    """{voice: {kind: lines, wait_by_words, wait_with_llm {threshold: n}}}, in the rows' order."""
+def ends_early(row: dict, threshold: float) -> bool:
+    """Whether the turn ends at turn.words_done_silence_ms on this line's pause: words that
+    close the sentence, scored at least `threshold`."""
+    return bool(row["heard"]) and not row["open_words"] and (row["words_end"] or 0.0) >= threshold
+
+
+def summarize(rows: list[dict], thresholds: list[float], done_thresholds: list[float] = ()) -> dict:
+    """{voice: {kind: lines, wait_by_words, wait_with_llm {threshold: n}, end_early
+    {threshold: n}}}, in the rows' order."""
     summary: dict = {}
     for row in rows:
         s = summary.setdefault(row["voice"], {}).setdefault(
-            row["kind"], {"lines": 0, "wait_by_words": 0, "wait_with_llm": {str(th): 0 for th in thresholds}})
+            row["kind"], {"lines": 0, "wait_by_words": 0, "wait_with_llm": {str(th): 0 for th in thresholds},
+                          "end_early": {str(th): 0 for th in done_thresholds}})
         s["lines"] += 1
         s["wait_by_words"] += waits(row, None)
         for th in thresholds:
             s["wait_with_llm"][str(th)] += waits(row, th)
+        for th in done_thresholds:
+            s["end_early"][str(th)] += ends_early(row, th)
     return summary
 
 
@@ -196,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                      "open_words": open_ending(heard) if heard else None,
                      "words_end": probability, "score_ms": ms})
 
-    summary = summarize(rows, args.thresholds)
+    summary = summarize(rows, args.thresholds, args.done_thresholds)
     scored = sorted(r["score_ms"] for r in rows if r["score_ms"] is not None)
     head = " ".join(f"{'<' + str(th):>7}" for th in args.thresholds)
     wait_s = (config.turn.max_silence_ms - config.vad.end_silence_ms) / 1000
@@ -206,11 +223,23 @@ def run(args: argparse.Namespace) -> int:
         for kind, s in kinds.items():
             cells = " ".join(f"{s['wait_with_llm'][str(th)]:>7}" for th in args.thresholds)
             print(f"{voice:10} {kind:6} {s['lines']:>5} {s['wait_by_words']:>6} {cells}")
+    head = " ".join(f"{'>=' + str(th):>7}" for th in args.done_thresholds)
+    done_ms = config.turn.words_done_silence_ms
+    at = f"{done_ms} ms of silence" if done_ms else "turn.words_done_silence_ms (off in this config)"
+    print(f"\nlines that would end early, at {at} (whole: right; cut: cut in two if the caller pauses "
+          f"longer), by the LLM's score at or above each threshold\n"
+          f"{'voice':10} {'kind':6} {'lines':>5} {head}")
+    for voice, kinds in summary.items():
+        for kind, s in kinds.items():
+            cells = " ".join(f"{s['end_early'][str(th)]:>7}" for th in args.done_thresholds)
+            print(f"{voice:10} {kind:6} {s['lines']:>5} {cells}")
     if scored:
         print(f"LLM score: p50 {scored[len(scored) // 2]:.0f} ms, max {scored[-1]:.0f} ms a line "
               f"(one prefill of the words; the start reuses it)")
     results = {**report_header("endings", config.llm), "stt": config.stt.engine, "thresholds": args.thresholds,
-               "configured_threshold": config.turn.words_end_threshold, "summary": summary, "lines": rows}
+               "configured_threshold": config.turn.words_end_threshold,
+               "done_thresholds": args.done_thresholds, "configured_done_threshold": config.turn.words_done_threshold,
+               "words_done_silence_ms": config.turn.words_done_silence_ms, "summary": summary, "lines": rows}
     if args.out:
         write_json(args.out, results)
     return 0

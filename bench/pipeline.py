@@ -52,8 +52,14 @@ speculation in every run), one call per mode over the same lines, side by side
                  while its silence runs out
   silence_preemptive_words_only
                  silence_preemptive without the LLM's end-of-words score
-                 ([turn] words_end_threshold = 0): only the pause's words ("... for",
-                 a final comma) make the turn wait (bench endings measures both)
+                 ([turn] words_end_threshold = 0, words_done_silence_ms = 0): only the
+                 pause's words ("... for", a final comma) make the turn wait (bench
+                 endings measures both)
+  silence_preemptive_early
+                 silence_preemptive with the early end ([turn] words_done_silence_ms =
+                 600, off by default): words that close the sentence and that the LLM
+                 scores at least turn.words_done_threshold end the turn at 600 ms of
+                 silence, not vad.end_silence_ms
 The default lines (15; or --wav files): 5 receptionist questions, 6 lines spoken with a
 --pause-ms pause (default 700 ms) after words that cannot end a turn ("Do you accept |
 Delta Dental insurance?"), and 4 lines the caller trails off at. Every third line
@@ -108,7 +114,7 @@ HUMAN = [
 HUMAN_VOICE = "human"
 NO_TOOLS = "-no_tools"  # --without-tools: the label of a mode's run with [tools] enabled = false
 TURN_MODES = ("baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive",
-              "silence_preemptive_no_ahead", "silence_preemptive_words_only")
+              "silence_preemptive_no_ahead", "silence_preemptive_words_only", "silence_preemptive_early")
 MODE_ALIASES = {"silence": "baseline"}  # the old name (README commands)
 # Each mode's turn ending and STT: config.turn fields, and stt.streaming.
 MODE_SETTINGS = {
@@ -120,7 +126,10 @@ MODE_SETTINGS = {
     "smart_preemptive": ({"mode": "smart_turn", "preemptive": True}, False),
     "silence_preemptive_no_ahead": ({"mode": "silence", "preemptive": True, "speak_ahead": False}, False),
     # The pause's words decide alone, without the LLM's end-of-words score (bench endings).
-    "silence_preemptive_words_only": ({"mode": "silence", "preemptive": True, "words_end_threshold": 0.0}, False),
+    "silence_preemptive_words_only": ({"mode": "silence", "preemptive": True, "words_end_threshold": 0.0,
+                                       "words_done_silence_ms": 0}, False),
+    # ... and also ends finished words sooner (an option: it cut a line in two, README).
+    "silence_preemptive_early": ({"mode": "silence", "preemptive": True, "words_done_silence_ms": 600}, False),
 }
 OTHER_VOICE_EVERY = 3  # default lines: every third one spoken by espeak-ng, not Piper
 ESPEAK = "espeak-ng"

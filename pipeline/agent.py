@@ -231,7 +231,7 @@ class AgentModels:
             tools=tool_schemas(self.config))
         if prefix:
             self.engine.warm_prefix(prefix)
-        if self.config.turn.words_end_threshold > 0:
+        if self.config.turn.scores_words:
             _ = self.engine.end_ids  # the end marks of a 150k vocabulary (~0.7 s), not in the first pause
         if self.config.tools.plan and self.bookings is not None:
             # The plan's constraint: llguidance's tokenizer (about a second for a 150k
@@ -313,8 +313,12 @@ def turn_taker(config: Config, model: EndOfTurnModel | None, executor: Executor 
     # turn's end is still vad.end_silence_ms of silence.
     end_silence_s = (config.vad.end_silence_ms / 1000 if model is None and t.preempts
                      and t.pause_ms < config.vad.end_silence_ms else None)
+    # ... and ends sooner on words the LLM scores as the end of the message (words_done_*).
+    words_done_s = (t.words_done_silence_ms / 1000 if end_silence_s is not None
+                    and 0 < t.words_done_silence_ms < config.vad.end_silence_ms else None)
     return TurnTaker(model, policy, max_turn_s=t.max_turn_s, executor=executor, end_silence_s=end_silence_s,
-                     words_end_threshold=t.words_end_threshold)
+                     words_end_threshold=t.words_end_threshold, words_done_threshold=t.words_done_threshold,
+                     words_done_silence_s=words_done_s)
 
     def describe(self) -> dict[str, Any]:
         return {"load_s": {k: round(v, 2) for k, v in self.load_s.items()}}

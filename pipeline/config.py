@@ -189,16 +189,32 @@ class TurnConfig(Section):
     # max_silence_ms, as on "... for next": the STT writes "Do you accept?" for a caller
     # who stopped after "accept" to think. 0: off. Measured: README "Turn-taking".
     words_end_threshold: float = Field(default=0.002, ge=0.0, lt=1.0)
+    # ... and at or above this score, with words that close the sentence, the turn ends at
+    # words_done_silence_ms of silence instead of vad.end_silence_ms (the score arrives with
+    # the preemptive start's prefill, so on a slow CPU it may end later than that, never
+    # later than vad.end_silence_ms). 0 ms: off, the default: a misheard fragment scores
+    # high too ("... a cleaning for" heard as "... for now.", 0.80) and a caller's 700 ms
+    # pause was cut in two. Measured: README "Turn-taking".
+    words_done_threshold: float = Field(default=0.5, gt=0.0, le=1.0)
+    words_done_silence_ms: int = Field(default=0, ge=0)
 
     @property
     def preempts(self) -> bool:
         """Whether the call answers at pauses, preemptively (`preemptive`, or the mode's default)."""
         return self.preemptive if self.preemptive is not None else self.mode == "smart_turn"
 
+    @property
+    def scores_words(self) -> bool:
+        """Whether the LLM scores the caller's words at pauses (either use of the score on)."""
+        return self.words_end_threshold > 0 or self.words_done_silence_ms > 0
+
     @model_validator(mode="after")
     def _pause_shorter_than_max(self) -> TurnConfig:
         if self.pause_ms >= self.max_silence_ms:
             raise ValueError("turn.pause_ms must be shorter than turn.max_silence_ms")
+        if 0 < self.words_done_silence_ms < self.pause_ms:
+            raise ValueError("turn.words_done_silence_ms must be at least turn.pause_ms (the words are "
+                             "scored at a pause), or 0 to turn it off")
         return self
 
 

@@ -73,7 +73,7 @@ class TurnEnd:
     """A finished caller turn: the whole utterance and how its end was decided."""
 
     utterance: SpeechEnded
-    reason: str  # "silence" (no model) | "model" | "timeout" | "max_length" | "flush"
+    reason: str  # "silence" (no model) | "words_end" | "model" | "timeout" | "max_length" | "flush"
     probability: float | None = None  # the end-of-turn model's last answer, if asked
     pauses: int = 1  # pauses merged into this turn
     # The transcript of exactly this audio, made at its last pause (`transcribe_pause`): the

@@ -39,9 +39,16 @@ def test_a_line_waits_on_open_words_or_a_score_under_the_threshold():
     assert not endings.waits(rows[0], 0.005) and endings.waits(rows[1], 0.005) and not endings.waits(rows[1], 0.002)
     assert endings.waits(rows[2], None) and not endings.waits(rows[3], None) and endings.waits(rows[3], 0.001)
     assert not endings.waits(rows[4], 0.5)
-    summary = endings.summarize(rows, [0.002, 0.005])
+    # Ending early: closed words scored at least the threshold; open words never, nothing heard never.
+    assert endings.ends_early(rows[0], 0.5) and not endings.ends_early(rows[0], 0.95)
+    assert not endings.ends_early(rows[1], 0.5) and not endings.ends_early(rows[4], 0.0)
+    assert not endings.ends_early({**rows[2], "words_end": 0.9}, 0.5)
+    summary = endings.summarize(rows, [0.002, 0.005], [0.001, 0.5])
     assert summary == {
-        "piper": {"whole": {"lines": 2, "wait_by_words": 0, "wait_with_llm": {"0.002": 0, "0.005": 1}},
-                  "cut": {"lines": 3, "wait_by_words": 1, "wait_with_llm": {"0.002": 2, "0.005": 2}}},
-        "human": {"cut": {"lines": 1, "wait_by_words": 1, "wait_with_llm": {"0.002": 1, "0.005": 1}}},
+        "piper": {"whole": {"lines": 2, "wait_by_words": 0, "wait_with_llm": {"0.002": 0, "0.005": 1},
+                            "end_early": {"0.001": 2, "0.5": 1}},
+                  "cut": {"lines": 3, "wait_by_words": 1, "wait_with_llm": {"0.002": 2, "0.005": 2},
+                          "end_early": {"0.001": 0, "0.5": 0}}},
+        "human": {"cut": {"lines": 1, "wait_by_words": 1, "wait_with_llm": {"0.002": 1, "0.005": 1},
+                          "end_early": {"0.001": 0, "0.5": 0}}},
     }

@@ -62,7 +62,7 @@ def test_silence_is_an_alias_of_baseline(config):
 
 def test_all_is_every_mode_and_unknown_names_are_reported():
     every = ["baseline", "streaming_stt", "smart_turn", "preemptive", "silence_preemptive", "smart_preemptive",
-             "silence_preemptive_no_ahead", "silence_preemptive_words_only"]
+             "silence_preemptive_no_ahead", "silence_preemptive_words_only", "silence_preemptive_early"]
     assert bench.parse_turn_modes("all") == (every, [])
     assert bench.parse_turn_modes(" preemptive , all") == (["preemptive", *[m for m in every if m != "preemptive"]], [])
     assert bench.parse_turn_modes("baseline,fast") == (["baseline"], ["fast"])
@@ -168,7 +168,8 @@ def test_run_turn_modes_writes_lines_and_per_mode_summary(config, tmp_path, monk
     played = {}
 
     async def play_lines(cfg, models, end_of_turn, wavs, report_dir, label):
-        played[label] = (cfg.turn.mode, cfg.turn.preemptive, cfg.stt.streaming, list(wavs))
+        played[label] = (cfg.turn.mode, cfg.turn.preemptive, cfg.stt.streaming, list(wavs),
+                         cfg.turn.words_done_silence_ms)
         turns = [{"user_text": "x", "agent_text": "y", "metrics": {"voice_to_voice": 1.0, "stt_latency": 0.2}}
                  for _ in wavs]
         return {"turns": turns, "turns_per_line": [1] * len(wavs), "report_path": "r.json",
@@ -188,7 +189,9 @@ def test_run_turn_modes_writes_lines_and_per_mode_summary(config, tmp_path, monk
         "smart_turn": ("smart_turn", False, False), "preemptive": ("smart_turn", True, True),
         "silence_preemptive": ("silence", True, False), "smart_preemptive": ("smart_turn", True, False),
         "silence_preemptive_no_ahead": ("silence", True, False),
-        "silence_preemptive_words_only": ("silence", True, False)}
+        "silence_preemptive_words_only": ("silence", True, False), "silence_preemptive_early": ("silence", True, False)}
+    # Only the early-end mode turns the early end on (it is off by default).
+    assert {m for m, v in played.items() if v[4]} == {"silence_preemptive_early"}
     out = json.loads((tmp_path / "out.json").read_text())
     lines = out["lines"]
     assert len(lines) == len(played["baseline"][3]) >= 15 and sum(line["paused"] for line in lines) >= 5

@@ -159,7 +159,8 @@ def config(tmp_path, preemptive: bool = True, mode: str = "smart_turn", plan: bo
 
 def make_call(cfg, steps, backend, stt, model, log: list | None = None,
               end_silence_s: float | None = None, tts=None, greeting: str = "",
-              words_end_threshold: float = 0.0) -> tuple[Call, ScriptSource, LogSink]:
+              words_end_threshold: float = 0.0,
+              words_done_silence_s: float | None = None) -> tuple[Call, ScriptSource, LogSink]:
     """A call on the script. `model` None and `end_silence_s`: silence mode with pauses
     (200 ms, the turn ends at `end_silence_s`); `model` None alone: plain silence mode, the
     endpointer's 500 ms end the turn."""
@@ -170,7 +171,8 @@ def make_call(cfg, steps, backend, stt, model, log: list | None = None,
                                                         pre_roll_ms=64, post_roll_ms=32))
     # The audio's own clock decides (clock 0): the same turns whatever this machine's speed.
     turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
-                      end_silence_s=end_silence_s, words_end_threshold=words_end_threshold)
+                      end_silence_s=end_silence_s, words_end_threshold=words_end_threshold,
+                      words_done_threshold=0.5, words_done_silence_s=words_done_silence_s)
     call = Call(cfg, source, sink, stt=stt, tts=tts or ToneTTS(chunks=1, chunk_s=0.02), backend=backend,
                 endpointer=endpointer, turns=turns, mqtt=None, greeting=greeting,
                 on_event=lambda kind, data: log.append((kind, data)))
@@ -331,6 +333,45 @@ async def test_silence_mode_waits_longer_when_the_llm_scores_the_pause_words_as_
     assert t.on_time(1.0 + 0.5).reason == "silence"
 
 
+async def test_silence_mode_ends_sooner_when_the_llm_scores_the_pause_words_as_the_end():
+    """Silence mode with pauses: a pause whose words close the sentence and that the LLM
+    scores at least words_done_threshold ("What is your address?") ends the turn at
+    words_done_silence_s (reason "words_end"), not end_silence_s; a score below it, words
+    that leave the sentence open, a score of other audio, or the early end off, wait the
+    whole silence."""
+    from voice.endpointer import SpeechEnded
+
+    def taker(done_s=0.3):
+        return TurnTaker(None, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0,
+                         announce_pauses=True, end_silence_s=0.5, words_end_threshold=0.005,
+                         words_done_threshold=0.5, words_done_silence_s=done_s)
+
+    async def pending(t, words="What is your address?"):
+        await t.on_event(SpeechEnded(tone(1.0), 0.0, 1.0, 1.2, "silence", 0.0))
+        t.heard(RATE, words)
+        return t
+
+    t = await pending(taker())
+    t.words_ended(RATE, 0.88)
+    assert t.on_time(1.0 + 0.28) is None  # not before words_done_silence_s
+    end = t.on_time(1.0 + 0.3)
+    assert end.reason == "words_end" and end.words_end == 0.88 and not t.pending
+    assert end.utterance.declared_t == 1.3
+    t = await pending(taker())
+    t.words_ended(RATE, 0.3)  # a closed sentence the LLM doubts: the whole silence
+    assert t.on_time(1.0 + 0.3) is None and t.on_time(1.0 + 0.49) is None
+    assert t.on_time(1.0 + 0.5).reason == "silence"
+    t = await pending(taker(), "I would like a cleaning for next")  # open: never scored so high, but
+    t.words_ended(RATE, 0.9)                                          # the words decide first
+    assert t.on_time(1.0 + 0.3) is None and t.on_time(1.0 + 1.4) is None
+    t = await pending(taker())
+    t.words_ended(RATE // 2, 0.9)  # of half the audio: not these words
+    assert t.on_time(1.0 + 0.3) is None and t.on_time(1.0 + 0.5).reason == "silence"
+    t = await pending(taker(None))  # off
+    t.words_ended(RATE, 0.9)
+    assert t.on_time(1.0 + 0.3) is None and t.on_time(1.0 + 0.5).reason == "silence"
+
+
 class EndScoringBackend(ScriptedBackend):
     """A scripted backend that scores the caller's words as SpeculativeBackend does, from
     the stream's cancel (`words_end`), from a table; it records what it was asked."""
@@ -394,6 +435,33 @@ async def test_a_call_in_silence_mode_keeps_words_the_llm_scores_unfinished_in_o
         assert first["end_of_turn"]["words_end"] == 0.9  # the last pause's words: "... Aetna"
     else:
         assert call.turns[0].user_text == "Do you accept?" and first["end_of_turn"]["words_end"] == 0.9
+
+
+@pytest.mark.parametrize("score, reason", [(0.9, "words_end"), (0.1, "silence")])
+async def test_a_call_in_silence_mode_ends_the_turn_sooner_on_words_the_llm_scores_as_the_end(tmp_path, score,
+                                                                                               reason):
+    """The call wires the LLM's score to the early end: "What is your address?" scored 0.9
+    ends the turn at words_done_silence_s (0.35 s of silence, on the audio's own clock), one
+    scored 0.1 at end_silence_s (0.5 s); the preemptive answer is kept either way, and the
+    report says how the turn ended and with what score."""
+    stt = ScriptedSTT(lambda audio: "What is your address?")
+    backend = EndScoringBackend({"What is your address": score}, ["42 Harbor Street."])
+
+    async def scored() -> None:
+        await backend.wait_scored(1)
+
+    cfg = config(tmp_path, True, "silence")
+    call, _, _ = make_call(cfg, [silence(0.3), tone(1.0), silence(0.25), scored, silence(1.0)],
+                           backend, stt, None, end_silence_s=0.5, words_end_threshold=0.005,
+                           words_done_silence_s=0.35)
+    await asyncio.wait_for(call.run(), 120)
+    assert backend.scored == ["What is your address"]
+    assert [t.user_text for t in call.turns] == ["What is your address?"]
+    (turn,) = load_report(call.report_path)["turns"]
+    assert turn["end_of_turn"]["reason"] == reason and turn["end_of_turn"]["words_end"] == score
+    assert turn["preemptive_hit"] is True
+    delay = turn["metrics"]["eot_delay"]
+    assert (0.35 <= delay < 0.45) if reason == "words_end" else (0.5 <= delay < 0.6)
 
 
 @pytest.mark.parametrize("first_words, turns", [("I would like a cleaning for next", 1),

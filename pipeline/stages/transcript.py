@@ -87,8 +87,9 @@ class TranscriptSources:
                                   first_round=first_round)
             if turns.model is None:
                 preemptor.on_transcript = turns.heard  # "... for next" waits (silence mode)
-                if turns.words_end_threshold > 0:
-                    preemptor.on_ending = turns.words_ended  # ... and so does "Do you accept?"
+                if turns.words_end_threshold > 0 or turns.words_done_silence_s is not None:
+                    # ... and so does "Do you accept?"; "What is your address?" ends sooner.
+                    preemptor.on_ending = turns.words_ended
             if tts is not None and config.turn.speak_ahead:
                 hold_line = config.tools.hold_line if config.tools.enabled else ""
                 fallback = (config.business.fallback or FALLBACK) if config.agent.guard else ""

@@ -11,10 +11,15 @@ from the preemptive start's STT) and leave the sentence open ("... a cleaning fo
 `turn.max_silence_ms` (reason "timeout"); so it does when the LLM scores those words as
 unlikely to end the caller's message (`words_end` below `words_end_threshold`: the STT
 writes "Do you accept?" for a caller who stopped after "accept" to think;
-Preemptor.on_ending). With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py)
-the endpointer runs with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a
-*pause*. The pause's audio joins the pending turn, the model is asked once on the turn's
-audio so far, and voice.turn_detector.TurnPolicy decides:
+Preemptor.on_ending). With `words_done_silence_s` (turn.words_done_silence_ms, off by
+default: misheard fragments score high too), words that close the sentence and score at
+least `words_done_threshold` ("What is your address") end the turn sooner, at that
+silence (reason "words_end"), as LiveKit's end-of-utterance model shortens its delay.
+
+With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py) the endpointer runs
+with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a *pause*. The pause's
+audio joins the pending turn, the model is asked once on the turn's audio so far, and
+voice.turn_detector.TurnPolicy decides:
 
 - P(complete) > threshold: the turn ends now;
 - otherwise it waits: the caller speaks on (the next pause asks again), or the silence
@@ -71,13 +76,16 @@ class TurnTaker:
                  executor: Executor | None = None, clock: Callable[[], float] = time.monotonic,
                  announce_pauses: bool = False,
                  transcribe_pause: Callable[[np.ndarray], Awaitable[str | None]] | None = None,
-                 end_silence_s: float | None = None, words_end_threshold: float = 0.0):
+                 end_silence_s: float | None = None, words_end_threshold: float = 0.0,
+                 words_done_threshold: float = 1.0, words_done_silence_s: float | None = None):
         self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
         # Silence mode with pauses (no model): the turn ends at this much silence (None:
         # every SpeechEnded ends it, the endpointer's own silence).
         self.end_silence_s = end_silence_s if model is None else None
         # Silence mode: a pending turn whose words score below this (words_ended) waits.
         self.words_end_threshold = words_end_threshold
+        # ... and one whose words score at least this ends at words_done_silence_s (None: off).
+        self.words_done_threshold, self.words_done_silence_s = words_done_threshold, words_done_silence_s
         # Called at every pause as it is declared, with the pending turn's TurnPending (the
         # call starts its preemptive answer there); None: waiting pauses are returned.
         self.on_pause: Callable[[TurnPending], None] | None = None
@@ -166,7 +174,13 @@ class TurnTaker:
         silence = now - self._pending[-1].last_voiced_t
         if self.model is None:
             if silence < self.end_silence_s:
-                return None
+                # "What is your address?": the words close the sentence and the LLM expects
+                # the message to end there; "Do you accept?" (a caller thinking of the name)
+                # scores far below it and waits the whole silence.
+                done = (self.words_done_silence_s is not None and silence >= self.words_done_silence_s
+                        and self._words_end is not None and self._words_end >= self.words_done_threshold
+                        and self._heard is not None and not open_ending(self._heard))
+                return self._end(now, "words_end") if done else None
             unfinished = self._words_end is not None and self._words_end < self.words_end_threshold
             if unfinished or (self._heard is not None and open_ending(self._heard)):
                 # "I'd like a cleaning for next ... Tuesday", "in passing, ... that": the words
