@@ -316,6 +316,14 @@ class Config(Section):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     @model_validator(mode="after")
+    def _early_end_before_the_end(self) -> Config:
+        """An early end at or after the end of turn would never happen: say so, not ignore it."""
+        if self.turn.words_done_silence_ms >= self.vad.end_silence_ms:
+            raise ValueError(f"turn.words_done_silence_ms ({self.turn.words_done_silence_ms}) must be shorter than "
+                             f"vad.end_silence_ms ({self.vad.end_silence_ms}), or 0 to turn the early end off")
+        return self
+
+    @model_validator(mode="after")
     def _agent_from_business(self) -> Config:
         """Fill the agent's prompt, greeting and name from [business] where not given.
 

@@ -372,6 +372,27 @@ async def test_silence_mode_ends_sooner_when_the_llm_scores_the_pause_words_as_t
     assert t.on_time(1.0 + 0.3) is None and t.on_time(1.0 + 0.5).reason == "silence"
 
 
+def test_the_early_end_must_come_before_the_end_of_turn_and_after_a_pause(tmp_path):
+    """turn.words_done_silence_ms: 0 is off (the default); otherwise between turn.pause_ms
+    and vad.end_silence_ms, else a config error naming the keys (not a setting that
+    silently never acts); in range, the turn-taker gets it in seconds."""
+    from pipeline.agent import turn_taker
+    from pipeline.config import ConfigError
+
+    def write(early_ms: int):
+        path = tmp_path / f"early-{early_ms}.toml"
+        path.write_text(f'base = "default"\n[vad]\nend_silence_ms = 1000\n[turn]\nwords_done_silence_ms = {early_ms}\n')
+        return path
+
+    assert load_config("default").turn.words_done_silence_ms == 0
+    assert turn_taker(load_config("default"), None).words_done_silence_s is None
+    assert turn_taker(load_config(write(600)), None).words_done_silence_s == 0.6
+    with pytest.raises(ConfigError, match=r"turn.words_done_silence_ms \(1000\) must be shorter than vad.end_silence_ms"):
+        load_config(write(1000))
+    with pytest.raises(ConfigError, match="at least turn.pause_ms"):
+        load_config(write(100))
+
+
 class EndScoringBackend(ScriptedBackend):
     """A scripted backend that scores the caller's words as SpeculativeBackend does, from
     the stream's cancel (`words_end`), from a table; it records what it was asked."""
