@@ -313,9 +313,10 @@ def turn_taker(config: Config, model: EndOfTurnModel | None, executor: Executor 
     # turn's end is still vad.end_silence_ms of silence.
     end_silence_s = (config.vad.end_silence_ms / 1000 if model is None and t.preempts
                      and t.pause_ms < config.vad.end_silence_ms else None)
-    # ... and ends sooner on words the LLM scores as the end of the message (words_done_*).
-    words_done_s = (t.words_done_silence_ms / 1000 if end_silence_s is not None
-                    and 0 < t.words_done_silence_ms < config.vad.end_silence_ms else None)
+    # ... and ends sooner on words the LLM scores as the end of the message (words_done_*;
+    # Config keeps it shorter than vad.end_silence_ms).
+    words_done_s = (t.words_done_silence_ms / 1000 if end_silence_s is not None and t.words_done_silence_ms > 0
+                    else None)
     return TurnTaker(model, policy, max_turn_s=t.max_turn_s, executor=executor, end_silence_s=end_silence_s,
                      words_end_threshold=t.words_end_threshold, words_done_threshold=t.words_done_threshold,
                      words_done_silence_s=words_done_s)

@@ -212,9 +212,6 @@ class TurnConfig(Section):
     def _pause_shorter_than_max(self) -> TurnConfig:
         if self.pause_ms >= self.max_silence_ms:
             raise ValueError("turn.pause_ms must be shorter than turn.max_silence_ms")
-        if 0 < self.words_done_silence_ms < self.pause_ms:
-            raise ValueError("turn.words_done_silence_ms must be at least turn.pause_ms (the words are "
-                             "scored at a pause), or 0 to turn it off")
         return self
 
 
@@ -316,10 +313,15 @@ class Config(Section):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     @model_validator(mode="after")
-    def _early_end_before_the_end(self) -> Config:
-        """An early end at or after the end of turn would never happen: say so, not ignore it."""
-        if self.turn.words_done_silence_ms >= self.vad.end_silence_ms:
-            raise ValueError(f"turn.words_done_silence_ms ({self.turn.words_done_silence_ms}) must be shorter than "
+    def _early_end_in_range(self) -> Config:
+        """turn.words_done_silence_ms, when on, lies between a pause (where the words are
+        scored) and the end of turn (at or after it the early end would never happen)."""
+        early = self.turn.words_done_silence_ms
+        if 0 < early < self.turn.pause_ms:
+            raise ValueError("turn.words_done_silence_ms must be at least turn.pause_ms (the words are "
+                             "scored at a pause), or 0 to turn it off")
+        if early >= self.vad.end_silence_ms:
+            raise ValueError(f"turn.words_done_silence_ms ({early}) must be shorter than "
                              f"vad.end_silence_ms ({self.vad.end_silence_ms}), or 0 to turn the early end off")
         return self
 
