@@ -34,13 +34,13 @@ def report_header(benchmark: str, llm) -> dict:
     import platform
     import sys
 
-    import torch
+    from llm.threads import cores
 
     return {
         "benchmark": f"specvoice bench {benchmark}",
         "command": "specvoice " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "torch_threads": torch.get_num_threads(), "device": llm.device},
+                    "torch_threads": cores(), "device": llm.device},
         "models": {"target": llm.target, "drafter": llm.drafter, "dtype": llm.dtype},
     }
 

@@ -301,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
 def build_report(results, turns, modes, args, cfg, device, dtype) -> dict:
     import torch
 
+    from llm.threads import cores
+
     ref_ours = results.get("target_only")
     ref_hf = results.get("hf_generate")
     out_modes = {}
@@ -350,7 +352,7 @@ def build_report(results, turns, modes, args, cfg, device, dtype) -> dict:
         "benchmark": "specvoice bench llm",
         "command": "specvoice " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "cpu_count": __import__("os").cpu_count(), "torch_threads": cores(),
                     "device": device, "cuda": torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None},
         "models": {"target": cfg.target, "draft": cfg.draft, "dtype": dtype, "hf_dtype": args.hf_dtype},
         "turns": len(turns),

@@ -48,6 +48,7 @@ from llm.cuda_graphs import static_cache, synchronize
 from llm.model import forward, new_cache
 from llm.quant import Linear
 from llm.scheduler import PassScheduler
+from llm.threads import cores, on_own_thread, release
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class SpeculativeEngine:
     batched: bool = True
     gather_s: float = 0.002
     batch_drafts: bool = True  # the draft model's steps batched across conversations too
+    # Torch threads of the engine thread (None: the constructing thread's, llm.threads.cores).
+    threads: int | None = None
     _scheduler: PassScheduler | None = field(default=None, init=False, repr=False, compare=False)
     _grammars: Grammars | None = field(default=None, init=False, repr=False, compare=False)
     _end_ids: list[int] | None = field(default=None, init=False, repr=False, compare=False)
@@ -128,7 +131,8 @@ class SpeculativeEngine:
         """The engine thread (started at the first pass; stopped by close() or with the engine)."""
         with self._scheduler_lock:
             if self._scheduler is None:
-                self._scheduler = PassScheduler(self.lock, self.gather_s, self.batched, self.batch_drafts)
+                self._scheduler = PassScheduler(self.lock, self.gather_s, self.batched, self.batch_drafts,
+                                                self.threads)
                 weakref.finalize(self, self._scheduler.close)
             return self._scheduler
 
@@ -172,20 +176,29 @@ class SpeculativeEngine:
         if isinstance(gamma, int) and gamma < 0:
             raise ValueError(f"gamma must be >= 0 or 'auto', got {gamma}")
         fixed_width, cuda_graphs = fixed_width_options(device, fixed_width, cuda_graphs)
-        target_m = load_model(target, device, dtype)
-        draft_m = None
-        if drafter in ("model", "hybrid"):
-            if not draft:
-                raise ValueError(f"drafter {drafter!r} needs a draft model (--draft); or use --drafter ngram")
-            draft_m = load_model(draft, device, dtype)
-            check_tokenizers_match(target_m, draft_m)
-        if fixed_width:
-            for m in (target_m, draft_m):
-                if m is not None:
-                    one_gemm(m.model)
+        if drafter in ("model", "hybrid") and not draft:
+            raise ValueError(f"drafter {drafter!r} needs a draft model (--draft); or use --drafter ngram")
+
+        def load_models() -> tuple[LoadedModel, LoadedModel | None]:
+            target_m = load_model(target, device, dtype)
+            draft_m = None
+            if drafter in ("model", "hybrid"):
+                draft_m = load_model(draft, device, dtype)
+                check_tokenizers_match(target_m, draft_m)
+            if fixed_width:
+                for m in (target_m, draft_m):
+                    if m is not None:
+                        one_gemm(m.model)
+            return target_m, draft_m
+
+        # Loaded on a thread that ends, and then this thread runs torch single-threaded:
+        # the engine thread's OpenMP pool stays the only one (llm/threads.py).
+        threads = cores()
+        target_m, draft_m = on_own_thread(load_models)
+        release()
         engine = cls(
             target_m, draft_m, drafter, gamma, max_gamma, min(context_tokens, target_m.model.args.max_position),
-            fixed_width=fixed_width, cuda_graphs=cuda_graphs, batched=batched, gather_s=gather_s,
+            fixed_width=fixed_width, cuda_graphs=cuda_graphs, batched=batched, gather_s=gather_s, threads=threads,
         )
         if calibrate and gamma == "auto" and drafter != "none":
             engine.calibrate()
@@ -194,7 +207,11 @@ class SpeculativeEngine:
     # ---- costs -------------------------------------------------------------------------
     def calibrate(self, context: int = 64) -> dict[str, float]:
         """Measure a target step, a (max_gamma+1)-row verify and a draft step once, to seed
-        the adaptive gamma before the first real pass has been timed."""
+        the adaptive gamma before the first real pass has been timed. On the engine thread,
+        where the passes will run (its threads, its OpenMP pool)."""
+        return self.scheduler.call(lambda: self._calibrate(context))
+
+    def _calibrate(self, context: int) -> dict[str, float]:
 
         # The steps as conversations run them (static cache and fixed width where they do).
         as_run = {"fixed_width": self.fixed_width, "graphs": self.cuda_graphs}

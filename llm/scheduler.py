@@ -20,7 +20,9 @@ together), prepares each, runs the target rows of all of them as ONE forward
 (`llm.model.forward_many`: linears over all rows, attention per conversation), and
 finishes each. A fixed-width (static) cache runs its own step, alone, in the same round.
 Conversations join and leave between passes. Every torch operation of a generation runs
-on this one thread: the OpenMP teams of waiting threads no longer spin against it.
+on this one thread, with the cores (`threads`); a thread that starts it runs torch on one
+thread from then on, so that the process keeps one OpenMP pool (llm/threads.py: a second
+pool made every pass 30-45% slower).
 
 Each round holds the engine's pass lock (a FIFO lock; tests wrap it to pace passes).
 
@@ -48,6 +50,7 @@ from llm.cuda_graphs import timed_forward
 from llm.drafters import DraftStep, run_draft_steps
 from llm.gamma import Load
 from llm.model import Segment, Transformer
+from llm.threads import claim, cores, release
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +139,10 @@ class SoloRunner:
 class PassScheduler:
     """The engine thread: batches the passes of all conversations (see the module doc)."""
 
-    def __init__(self, lock=None, gather_s: float = 0.002, batched: bool = True, batch_drafts: bool = True):
+    def __init__(self, lock=None, gather_s: float = 0.002, batched: bool = True, batch_drafts: bool = True,
+                 threads: int | None = None):
         self.lock = lock if lock is not None else threading.Lock()
+        self.threads = threads if threads is not None else cores()  # torch threads of the engine thread
         self.gather_s = gather_s
         self.batched = batched
         # The draft model's steps of a round batched too (off: one conversation's at a time,
@@ -219,8 +224,11 @@ class PassScheduler:
     # ---- the engine thread -------------------------------------------------------------
     def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="specvoice-engine", daemon=True)
+            up = threading.Event()
+            self._thread = threading.Thread(target=self._loop, args=(up,), name="specvoice-engine", daemon=True)
             self._thread.start()
+            up.wait()
+            release()  # after the engine thread took its threads: claim set the process default
 
     def _take(self) -> list[_Work] | None:
         with self._cond:
@@ -246,7 +254,9 @@ class PassScheduler:
         self.deferred += len(works) - len(front)
         return front, [w for w in works if w.background]
 
-    def _loop(self) -> None:
+    def _loop(self, up: threading.Event) -> None:
+        claim(self.threads)
+        up.set()
         with torch.inference_mode():
             while True:
                 works = self._take()
