@@ -26,6 +26,29 @@ def test_the_engine_thread_keeps_its_threads_when_its_starter_releases():
         torch.set_num_threads(before)
 
 
+def test_threads_started_after_the_engine_run_torch_single_threaded():
+    """The sequence of a real engine: loading released the loading thread, then the first
+    pass starts the engine thread, whose claim sets the process default to the cores. A
+    thread born after that (asyncio's executor, an STT worker) must not get them: its
+    first float matmul would make a second OpenMP pool and throttle every pass."""
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    try:
+        torch.set_num_threads(2)
+        release()  # as SpeculativeEngine.load leaves its caller
+        sched = PassScheduler(gather_s=0.0, threads=2)
+        assert sched.call(torch.get_num_threads) == 2
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join(10)
+        assert seen == [1]
+        assert torch.get_num_threads() == 1
+        assert sched.call(torch.get_num_threads) == 2
+        sched.close()
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_claim_survives_a_release_on_another_thread():
     before = torch.get_num_threads()
     seen: list[int] = []
