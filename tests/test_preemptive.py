@@ -259,6 +259,50 @@ async def test_silence_mode_with_pauses_announces_each_pause_and_ends_at_the_ful
     assert ended.reason == "silence" and not plain.pending
 
 
+async def _turn_ends(steps: list, end_silence_s: float = 1.0) -> list:
+    """The TurnEnds of `steps` through the endpointer (200 ms pauses, EnergyVAD) and a
+    silence-mode turn-taker that ends a turn at `end_silence_s`."""
+    from pipeline.events import TurnEnd
+    from pipeline.stages.listen import listen
+
+    endpointer = Endpointer(EnergyVAD(), EndpointConfig(min_silence_ms=200, min_speech_ms=200))
+    turns = TurnTaker(None, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), announce_pauses=True,
+                      end_silence_s=end_silence_s)
+    return [e async for e in listen(ScriptSource(steps), endpointer, turns) if isinstance(e, TurnEnd)]
+
+
+async def test_a_turn_does_not_end_while_the_callers_next_words_are_starting():
+    """The silence runs out 60 ms after the caller went on: the endpointer needs 200 ms of
+    voice to call it speech, and the turn waits for that instead of ending (as espeak-ng's
+    "a cleaning for | next Tuesday" was cut in two: a 0.75 s gap the VAD heard as 0.99 s)."""
+    ends = await _turn_ends([silence(0.3), tone(1.0), silence(0.95), tone(1.0), silence(1.5)])
+    assert len(ends) == 1
+    (end,) = ends
+    assert end.pauses == 2 and end.reason == "silence"
+    assert end.utterance.duration > 2.0  # both pieces of speech, one turn
+
+
+async def test_a_click_at_the_end_of_the_silence_delays_the_end_only_until_it_breaks_off():
+    ends = await _turn_ends([silence(0.3), tone(1.0), silence(0.95), tone(0.05), silence(1.5)])
+    assert len(ends) == 1  # the click is not speech: no second turn
+    (end,) = ends
+    u = end.utterance
+    assert end.pauses == 1 and end.reason == "silence"
+    assert 1.0 <= u.declared_t - u.last_voiced_t <= 1.0 + 0.1  # held for the click's two chunks only
+
+
+async def test_an_onset_holds_a_silence_that_ran_out_for_onset_wait_s_at_most():
+    from voice.endpointer import SpeechEnded
+
+    t = TurnTaker(None, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), announce_pauses=True,
+                  end_silence_s=1.0, onset_wait_s=0.4)
+    await t.on_event(SpeechEnded(tone(1.0), 0.0, 1.0, 1.2, "silence", 0.0))
+    assert t.on_time(2.0, onset_t=1.9) is None  # a voiced run began 0.1 s ago
+    assert t.on_time(2.2, onset_t=1.9) is None
+    end = t.on_time(2.32, onset_t=1.9)  # it neither became speech nor broke off in 0.4 s
+    assert end is not None and end.reason == "silence" and end.utterance.declared_t == 2.32
+
+
 async def test_silence_mode_waits_longer_when_the_pause_words_leave_the_sentence_open():
     """Silence mode with pauses: at the full silence the turn ends, unless the words heard
     at the pause (heard(), from the preemptive start's STT) end on "for next": then it

@@ -147,6 +147,13 @@ class Endpointer:
         return self._silence if self.in_speech else 0.0
 
     @property
+    def onset_t(self) -> float | None:
+        """Between utterances: when a voiced run began that is not yet min_speech_ms long.
+        It may be the caller going on (a SpeechStarted within min_speech_ms) or a click
+        that breaks off; None when no such run is in progress, or in speech."""
+        return None if self.in_speech else self._run_start
+
+    @property
     def voiced_samples(self) -> int:
         """How many samples `voiced_audio()` would return now (0 when not in speech)."""
         if not self.in_speech or not self._utt:

@@ -15,6 +15,9 @@ Preemptor.on_ending). With `words_done_silence_s` (turn.words_done_silence_ms, o
 default: misheard fragments score high too), words that close the sentence and score at
 least `words_done_threshold` ("What is your address") end the turn sooner, at that
 silence (reason "words_end"), as LiveKit's end-of-utterance model shortens its delay.
+Whatever the mode, a silence that runs out while the endpointer hears a voiced run begin
+(`Endpointer.onset_t`: the caller going on, not yet the min_speech_ms that make it speech)
+waits up to `onset_wait_s` for it to become speech or break off (`on_time`).
 
 With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py) the endpointer runs
 with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a *pause*. The pause's
@@ -77,7 +80,8 @@ class TurnTaker:
                  announce_pauses: bool = False,
                  transcribe_pause: Callable[[np.ndarray], Awaitable[str | None]] | None = None,
                  end_silence_s: float | None = None, words_end_threshold: float = 0.0,
-                 words_done_threshold: float = 1.0, words_done_silence_s: float | None = None):
+                 words_done_threshold: float = 1.0, words_done_silence_s: float | None = None,
+                 onset_wait_s: float = 0.4):
         self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
         # Silence mode with pauses (no model): the turn ends at this much silence (None:
         # every SpeechEnded ends it, the endpointer's own silence).
@@ -86,6 +90,10 @@ class TurnTaker:
         self.words_end_threshold = words_end_threshold
         # ... and one whose words score at least this ends at words_done_silence_s (None: off).
         self.words_done_threshold, self.words_done_silence_s = words_done_threshold, words_done_silence_s
+        # A silence that ran out does not end the turn while a voiced run that began less
+        # than this ago may still become speech (on_time): the endpointer's min_speech_ms
+        # (200) plus room for the in-between chunks it neither counts nor breaks on.
+        self.onset_wait_s = onset_wait_s
         # Called at every pause as it is declared, with the pending turn's TurnPending (the
         # call starts its preemptive answer there); None: waiting pauses are returned.
         self.on_pause: Callable[[TurnPending], None] | None = None
@@ -167,11 +175,24 @@ class TurnTaker:
         return TurnPending(audio, len(self._pending), self._pending[0].start_t, event.last_voiced_t, now,
                            self._probability, self._transcript)
 
-    def on_time(self, now: float) -> TurnEnd | None:
-        """A frame's end time: a waiting turn whose silence ran out ends here."""
+    def on_time(self, now: float, onset_t: float | None = None) -> TurnEnd | None:
+        """A frame's end time: a waiting turn whose silence ran out ends here. `onset_t`:
+        the endpointer's voiced run in progress (Endpointer.onset_t), if any."""
         if not self._pending or self._speaking:
             return None
-        silence = now - self._pending[-1].last_voiced_t
+        reason = self._silence_ended(now - self._pending[-1].last_voiced_t)
+        if reason is None:
+            return None
+        if onset_t is not None and now - onset_t < self.onset_wait_s:
+            # The caller may be going on: a voiced run began that the endpointer needs
+            # min_speech_ms to call speech. espeak-ng's "a cleaning for | next Tuesday" had a
+            # 0.75 s gap that the VAD heard as 0.99 s (the fading "for", a first syllable that
+            # broke off): the turn ended 40 ms after "next" began and the line was cut in two.
+            return None
+        return self._end(now, reason)
+
+    def _silence_ended(self, silence: float) -> str | None:
+        """Why this much silence ends the waiting turn, or None: it goes on waiting."""
         if self.model is None:
             if silence < self.end_silence_s:
                 # "What is your address?": the words close the sentence and the LLM expects
@@ -180,18 +201,16 @@ class TurnTaker:
                 done = (self.words_done_silence_s is not None and silence >= self.words_done_silence_s
                         and self._words_end is not None and self._words_end >= self.words_done_threshold
                         and self._heard is not None and not open_ending(self._heard))
-                return self._end(now, "words_end") if done else None
+                return "words_end" if done else None
             unfinished = self._words_end is not None and self._words_end < self.words_end_threshold
             if unfinished or (self._heard is not None and open_ending(self._heard)):
                 # "I'd like a cleaning for next ... Tuesday", "in passing, ... that": the words
                 # say the caller is not done; or the LLM does ("Do you accept ... Aetna?").
-                return self._end(now, "timeout") if silence >= self.policy.max_silence_s else None
-            return self._end(now, "silence")
+                return "timeout" if silence >= self.policy.max_silence_s else None
+            return "silence"
         t = self._transcript
         transcript = t.result() if t is not None and t.done() and not t.cancelled() else None
-        if self.policy.decide(silence, self._probability, transcript).action == "end":
-            return self._end(now, "timeout")
-        return None
+        return "timeout" if self.policy.decide(silence, self._probability, transcript).action == "end" else None
 
     def heard(self, samples: int, text: str) -> None:
         """The words of the pending turn's first `samples` samples (a pause's transcript):
