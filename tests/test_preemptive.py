@@ -282,25 +282,53 @@ async def test_a_turn_does_not_end_while_the_callers_next_words_are_starting():
     assert end.utterance.duration > 2.0  # both pieces of speech, one turn
 
 
-async def test_a_click_at_the_end_of_the_silence_delays_the_end_only_until_it_breaks_off():
+async def test_a_syllable_that_broke_off_then_words_just_after_the_silence_ran_out_are_one_turn():
+    """The espeak-ng line as the VAD heard it: a first syllable of 100 ms (not speech: under
+    min_speech_ms) 0.7 s into the pause, and the words themselves from 10 ms before the
+    silence runs out, their first chunk complete only after it: the turn waits on the voice
+    it heard since the pause and the caller's words join it."""
+    ends = await _turn_ends([silence(0.3), tone(1.0), silence(0.7), tone(0.1), silence(0.21), tone(1.0),
+                             silence(1.5)])
+    assert len(ends) == 1
+    assert ends[0].pauses == 2 and ends[0].utterance.duration > 2.0
+
+
+async def test_a_click_at_the_end_of_the_silence_delays_the_end_a_moment_and_is_no_turn():
     ends = await _turn_ends([silence(0.3), tone(1.0), silence(0.95), tone(0.05), silence(1.5)])
-    assert len(ends) == 1  # the click is not speech: no second turn
+    assert len(ends) == 1  # the click is not speech: no second turn, nothing of it in the turn
     (end,) = ends
     u = end.utterance
     assert end.pauses == 1 and end.reason == "silence"
-    assert 1.0 <= u.declared_t - u.last_voiced_t <= 1.0 + 0.1  # held for the click's two chunks only
+    assert 1.0 < u.declared_t - u.last_voiced_t <= 1.0 + 0.4  # held, at most onset_wait_s
 
 
-async def test_an_onset_holds_a_silence_that_ran_out_for_onset_wait_s_at_most():
+async def test_voice_since_the_pause_holds_a_silence_that_ran_out_while_it_lasts_and_no_longer():
     from voice.endpointer import SpeechEnded
 
-    t = TurnTaker(None, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), announce_pauses=True,
-                  end_silence_s=1.0, onset_wait_s=0.4)
+    def waiting() -> TurnTaker:
+        t = TurnTaker(None, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), announce_pauses=True,
+                      end_silence_s=1.0, voice_hold_s=0.3, onset_wait_s=0.4)
+        return t
+
+    t = waiting()
     await t.on_event(SpeechEnded(tone(1.0), 0.0, 1.0, 1.2, "silence", 0.0))
-    assert t.on_time(2.0, onset_t=1.9) is None  # a voiced run began 0.1 s ago
-    assert t.on_time(2.2, onset_t=1.9) is None
-    end = t.on_time(2.32, onset_t=1.9)  # it neither became speech nor broke off in 0.4 s
-    assert end is not None and end.reason == "silence" and end.utterance.declared_t == 2.32
+    assert t.on_time(1.5, voice_t=1.45) is None  # the silence has not run out
+    assert t.on_time(2.0, voice_t=1.9) is None  # it ran out 0.1 s after voice
+    end = t.on_time(2.25, voice_t=1.9)  # the voice stopped 0.35 s ago: a click, the turn ends
+    assert end is not None and end.reason == "silence" and end.utterance.declared_t == 2.25
+
+    t = waiting()
+    await t.on_event(SpeechEnded(tone(1.0), 0.0, 1.0, 1.2, "silence", 0.0))
+    assert t.on_time(2.0, voice_t=1.98) is None
+    assert t.on_time(2.2, voice_t=2.18) is None  # voice goes on, not yet speech
+    assert t.on_time(2.36, voice_t=2.34) is None
+    end = t.on_time(2.42, voice_t=2.4)  # held 0.42 s: past onset_wait_s, voice or not
+    assert end is not None and end.utterance.declared_t == 2.42
+    assert t.on_time(2.42, voice_t=None) is None  # nothing left waiting
+    # Without voice since the pause the silence ends the turn at once, as before.
+    t = waiting()
+    await t.on_event(SpeechEnded(tone(1.0), 0.0, 1.0, 1.2, "silence", 0.0))
+    assert t.on_time(2.0).utterance.declared_t == 2.0
 
 
 async def test_silence_mode_waits_longer_when_the_pause_words_leave_the_sentence_open():

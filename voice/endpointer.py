@@ -112,6 +112,7 @@ class Endpointer:
         self._history: deque[tuple[float, np.ndarray, bool]] = deque(maxlen=keep)  # (t, chunk, voiced) while idle
         self._run_start: float | None = None  # start of the current voiced run while idle
         self._run_voiced = 0.0  # seconds voiced in that run
+        self._voice_t: float | None = None  # end of the latest voiced chunk while idle (voice_t)
         self._utt: list[np.ndarray] = []
         self._utt_t0 = 0.0  # time of self._utt[0][0]
         self._start_t = 0.0
@@ -147,11 +148,11 @@ class Endpointer:
         return self._silence if self.in_speech else 0.0
 
     @property
-    def onset_t(self) -> float | None:
-        """Between utterances: when a voiced run began that is not yet min_speech_ms long.
-        It may be the caller going on (a SpeechStarted within min_speech_ms) or a click
-        that breaks off; None when no such run is in progress, or in speech."""
-        return None if self.in_speech else self._run_start
+    def voice_t(self) -> float | None:
+        """Between utterances: the end of the latest voiced chunk since the last one ended
+        (a click, a breath, or the caller's next words starting, which become speech only
+        after min_speech_ms); None when there was none, or in speech."""
+        return None if self.in_speech else self._voice_t
 
     @property
     def voiced_samples(self) -> int:
@@ -187,6 +188,7 @@ class Endpointer:
             voiced = p >= c.threshold
             self._history.append((t, chunk, voiced))
             if voiced:
+                self._voice_t = end
                 if self._run_start is None:
                     self._run_start = t
                 self._run_voiced += self._chunk_s
@@ -237,6 +239,7 @@ class Endpointer:
         self.in_speech = False
         self._utt = []
         self._silence = 0.0
+        self._voice_t = None
         if reason != "max_length":
             # Fresh recurrent state for the next utterance; after a forced cut the
             # speaker is still talking, so keep the state to resume at once.

@@ -113,7 +113,7 @@ async def listen(source: AudioSource, endpointer: Endpointer, turns: TurnTaker,
                 yield out
         if tap is not None:
             tap.heard(endpointer, end_t)
-        if (ended := turns.on_time(end_t, endpointer.onset_t)) is not None:
+        if (ended := turns.on_time(end_t, endpointer.voice_t)) is not None:
             yield ended
     if source.hangup:
         return

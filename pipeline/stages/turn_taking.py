@@ -15,9 +15,10 @@ Preemptor.on_ending). With `words_done_silence_s` (turn.words_done_silence_ms, o
 default: misheard fragments score high too), words that close the sentence and score at
 least `words_done_threshold` ("What is your address") end the turn sooner, at that
 silence (reason "words_end"), as LiveKit's end-of-utterance model shortens its delay.
-Whatever the mode, a silence that runs out while the endpointer hears a voiced run begin
-(`Endpointer.onset_t`: the caller going on, not yet the min_speech_ms that make it speech)
-waits up to `onset_wait_s` for it to become speech or break off (`on_time`).
+Whatever the mode, a silence that runs out within `voice_hold_s` of a voiced chunk the
+endpointer heard since the pause (`Endpointer.voice_t`: the caller going on, not yet the
+min_speech_ms that make it speech) waits, at most `onset_wait_s`, for the voice to become
+speech or to stop (`on_time`).
 
 With an end-of-turn model (Smart Turn v3.2, voice/turn_detector.py) the endpointer runs
 with a short silence (`turn.pause_ms`, 200 ms): its SpeechEnded is a *pause*. The pause's
@@ -81,7 +82,7 @@ class TurnTaker:
                  transcribe_pause: Callable[[np.ndarray], Awaitable[str | None]] | None = None,
                  end_silence_s: float | None = None, words_end_threshold: float = 0.0,
                  words_done_threshold: float = 1.0, words_done_silence_s: float | None = None,
-                 onset_wait_s: float = 0.4):
+                 voice_hold_s: float = 0.3, onset_wait_s: float = 0.4):
         self.model, self.policy, self.max_turn_s = model, policy, max_turn_s
         # Silence mode with pauses (no model): the turn ends at this much silence (None:
         # every SpeechEnded ends it, the endpointer's own silence).
@@ -90,10 +91,11 @@ class TurnTaker:
         self.words_end_threshold = words_end_threshold
         # ... and one whose words score at least this ends at words_done_silence_s (None: off).
         self.words_done_threshold, self.words_done_silence_s = words_done_threshold, words_done_silence_s
-        # A silence that ran out does not end the turn while a voiced run that began less
-        # than this ago may still become speech (on_time): the endpointer's min_speech_ms
-        # (200) plus room for the in-between chunks it neither counts nor breaks on.
-        self.onset_wait_s = onset_wait_s
+        # A silence that ran out does not end the turn within voice_hold_s of a voiced chunk
+        # heard since the pause (the next words may be starting: the endpointer needs
+        # min_speech_ms, 200, to call them speech), for at most onset_wait_s (on_time).
+        self.voice_hold_s, self.onset_wait_s = voice_hold_s, onset_wait_s
+        self._ran_out: float | None = None  # when the pending turn's silence ran out (held since)
         # Called at every pause as it is declared, with the pending turn's TurnPending (the
         # call starts its preemptive answer there); None: waiting pauses are returned.
         self.on_pause: Callable[[TurnPending], None] | None = None
@@ -128,6 +130,7 @@ class TurnTaker:
     async def on_event(self, event: SpeechStarted | SpeechEnded) -> list[SpeechStarted | TurnEnd | TurnPending]:
         if isinstance(event, SpeechStarted):
             self._speaking = True
+            self._ran_out = None  # the caller went on: a later silence runs out anew
             self._probability = None  # the caller went on: the next pause asks anew
             self._transcript = self._heard = self._words_end = None  # ... and its transcript is of other audio
             return [event]
@@ -175,19 +178,22 @@ class TurnTaker:
         return TurnPending(audio, len(self._pending), self._pending[0].start_t, event.last_voiced_t, now,
                            self._probability, self._transcript)
 
-    def on_time(self, now: float, onset_t: float | None = None) -> TurnEnd | None:
-        """A frame's end time: a waiting turn whose silence ran out ends here. `onset_t`:
-        the endpointer's voiced run in progress (Endpointer.onset_t), if any."""
+    def on_time(self, now: float, voice_t: float | None = None) -> TurnEnd | None:
+        """A frame's end time: a waiting turn whose silence ran out ends here. `voice_t`:
+        the end of the latest voiced chunk the endpointer heard since the pause
+        (Endpointer.voice_t), if any."""
         if not self._pending or self._speaking:
             return None
         reason = self._silence_ended(now - self._pending[-1].last_voiced_t)
         if reason is None:
             return None
-        if onset_t is not None and now - onset_t < self.onset_wait_s:
-            # The caller may be going on: a voiced run began that the endpointer needs
-            # min_speech_ms to call speech. espeak-ng's "a cleaning for | next Tuesday" had a
-            # 0.75 s gap that the VAD heard as 0.99 s (the fading "for", a first syllable that
-            # broke off): the turn ended 40 ms after "next" began and the line was cut in two.
+        if self._ran_out is None:
+            self._ran_out = now
+        if voice_t is not None and now - voice_t < self.voice_hold_s and now - self._ran_out < self.onset_wait_s:
+            # The caller may be going on: voice the endpointer needs min_speech_ms to call
+            # speech. espeak-ng's "a cleaning for | next Tuesday" has a 0.75 s gap that the VAD
+            # heard as 0.99 s (the fading "for", then a first syllable that broke off after
+            # 128 ms): the turn ended 10-40 ms after "next" began, and the line was cut in two.
             return None
         return self._end(now, reason)
 
@@ -239,6 +245,7 @@ class TurnTaker:
 
     def _end(self, declared_t: float, reason: str) -> TurnEnd:
         pieces, self._pending = self._pending, []
+        self._ran_out = None
         first, last = pieces[0], pieces[-1]
         merged = SpeechEnded(np.concatenate([p.audio for p in pieces]), first.start_t, last.last_voiced_t,
                              declared_t, reason, first.audio_start_t)
