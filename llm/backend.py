@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from llm.decoder import Observe
 from llm.engine import Conversation, SpeculativeEngine
 from llm.types import GenerationStats, LLMBackend, SamplingParams, TokenGroup, WordsEnd
+from llm.voice_first import VoiceFirst
 from threadrelay import relay
 
 
@@ -37,6 +38,9 @@ class SpeculativeBackend:
         self.last_tool_parse = None  # calls are written as text here: the respond stage parses them
         self.prefills = True  # the engine ends the prompt with a reply's given start
         self.scores_words_end = True  # a cancel's `words_end` is scored from the stream's prefill
+        # While the call's speaker makes an answer's first audio, this conversation's next
+        # pass waits (llm/voice_first.py): the caller waits for that audio, not the next sentence.
+        self.voice_first = VoiceFirst()
 
     async def prefill(self, messages: list[dict], cancel: asyncio.Event | threading.Event | None = None) -> int:
         """Compute the K/V of the prompt of `messages` up to the words of the last one so
@@ -68,7 +72,8 @@ class SpeculativeBackend:
         stop = _Stop(cancel)
         try:
             async with contextlib.aclosing(
-                relay(lambda _closed: self.engine.stream(prompt, params, conversation, stop, observe=observe))
+                relay(lambda _closed: _after_voice(self.engine.stream(prompt, params, conversation, stop, observe=observe),
+                                                   self.voice_first))
             ) as groups:
                 async for group in groups:
                     yield group
@@ -85,6 +90,18 @@ class SpeculativeBackend:
             return None
         engine = self.engine
         return Observe(len(prompt) - len(words), lambda row: request.report(engine.end_mass(row)))
+
+
+def _after_voice(groups: Iterator[TokenGroup], gate: VoiceFirst) -> Iterator[TokenGroup]:
+    """`groups`, each pass started only once the call's first audio is not being made (gate)."""
+    with contextlib.closing(groups):
+        while True:
+            gate.wait()
+            try:
+                group = next(groups)
+            except StopIteration:
+                return
+            yield group
 
 
 class _Stop:

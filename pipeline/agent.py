@@ -129,15 +129,19 @@ def _threads(config: Config, threads: int | None) -> tuple[int, int, int]:
     """(torch, whisper, piper) thread counts.
 
     The LLM, Whisper and Piper all compete for the same cores, and the LLM keeps
-    generating while Piper speaks; oversubscribed OpenMP pools spin against each other
-    and make torch many times slower. Piper gets one thread (a sentence takes a fraction
-    of its own duration anyway); Whisper runs while the LLM waits for it, so it may
-    use the cores; torch gets `llm.threads` or all cores.
+    generating while Piper speaks; oversubscribed pools that spin against each other make
+    torch many times slower. Piper gets two threads that sleep when idle (no spinning,
+    voice.tts.PiperTTS): an answer's first audio is made while the model waits for it
+    (llm/voice_first.py), with the cores to itself, and there two threads made a first
+    chunk in 90-99 ms against 163 ms with one (2-core EPYC); beside a decoding model,
+    two such threads cost the model no more than one (README "Voice first"). Whisper runs
+    while the LLM waits for it, so it may use the cores; torch gets `llm.threads` or all
+    cores.
     """
     cores = os.cpu_count() or 1
     if threads is not None:
         return threads, threads, threads
-    return config.llm.threads or cores, min(4, cores), 1
+    return config.llm.threads or cores, min(4, cores), min(2, cores)
 
 
 def load_stt(config: Config, threads: int):

@@ -323,7 +323,7 @@ class Call:
                            [user for user, _ in self.history.exchanges if user])
         return Reply.of(turn, params=self.params, splitter=SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
                         emit=self.events.emit, toolbox=self.toolbox, hold_line=tools.hold_line, guard=guard,
-                        plan=tools.plan, caller_text=turn.user_text)
+                        plan=tools.plan, caller_text=turn.user_text, voice_first=getattr(self.backend, "voice_first", None))
 
     def _record(self, turn: Turn, heard: Transcript | None = None, keypad: KeypadEntry | None = None) -> None:
         """A finished turn: history gets what the caller heard, the report its entry, observers a TurnRecorded."""

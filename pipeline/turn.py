@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llm.types import GenerationStats, SamplingParams
+from llm.voice_first import VoiceFirst
 from pipeline.events import CallEvent, TurnEnd
 from pipeline.ports import ToolRunner
 from pipeline.sentences import SentenceSplitter
@@ -179,6 +180,9 @@ class Reply:
     # The fact guard (pipeline.receptionist.guard.TurnGuard): a model sentence -> what is
     # said instead (itself, another, or None: nothing); our own lines skip it.
     guard: Callable[[str], str | None] | None = None
+    # The call's LLM gate (llm.voice_first.VoiceFirst): held while the reply's first audio is
+    # made, so that the model's next pass waits for it; None: the model never waits.
+    voice_first: VoiceFirst | None = None
     sentences: asyncio.Queue = field(default_factory=asyncio.Queue)  # respond -> speak; None ends it
 
     @classmethod

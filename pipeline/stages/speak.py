@@ -1,7 +1,10 @@
 """Speaker stage: sentences -> TTS -> the paced output, a mark after each sentence.
 
 Each sentence is synthesised as it arrives (the LLM keeps writing meanwhile) and its
-chunks are queued on the sink; the first chunk's going out is `first_audio_out`. After
+chunks are queued on the sink; the first chunk's going out is `first_audio_out`. Until
+the reply's first chunk exists the LLM's next pass waits (`reply.voice_first`,
+llm/voice_first.py): the caller is in silence until then, and Piper beside a decoding
+model took up to twice as long. After
 each sentence a mark: once it is confirmed (the audio before it has played) the sentence
 counts as heard. A peer that never confirms marks must not hang the call: each mark gets
 the audio's length plus slack.
@@ -53,9 +56,13 @@ async def speak(tts: TextToSpeech, sink: AudioSink, reply: Reply, mark_names: It
             if barge_in.fired:
                 continue  # drain what the LLM stage still hands over; play nothing
             timeline.mark("tts_request")
+            # The caller hears nothing yet: the model's next pass waits for this first chunk.
+            hold = reply.voice_first.hold() if reply.voice_first is not None and not result.audio_s else None
             try:
                 async with contextlib.aclosing(synthesize_async(tts, sentence, executor)) as chunks:
                     async for chunk in chunks:
+                        if hold is not None:
+                            hold.release()
                         if barge_in.fired:
                             break
                         timeline.mark("tts_first_audio")
@@ -65,6 +72,9 @@ async def speak(tts: TextToSpeech, sink: AudioSink, reply: Reply, mark_names: It
                 log.exception("TTS failed on %r", sentence[:60])
                 result.error = f"tts: {type(exc).__name__}: {exc}"
                 continue
+            finally:
+                if hold is not None:
+                    hold.release()
             if barge_in.fired:
                 continue
             marks.put_nowait((sink.mark(next(mark_names)), sentence, started + result.audio_s))

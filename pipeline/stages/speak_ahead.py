@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 
 from llm.types import TokenGroup
+from llm.voice_first import VoiceFirst
 from pipeline.ports import TextToSpeech
 from pipeline.sentences import SentenceSplitter, split_sentences
 from pipeline.stages.plan_step import PlanFilter
@@ -123,8 +124,12 @@ class PrimedSpeech:
     primed sentence's chunks (waiting for those still being made), any other text as the
     engine would. Other attributes are the engine's."""
 
-    def __init__(self, tts: TextToSpeech, executor: Executor, keep: int = 4, fixed: tuple[str, ...] = ()):
+    def __init__(self, tts: TextToSpeech, executor: Executor, keep: int = 4, fixed: tuple[str, ...] = (),
+                 voice_first: VoiceFirst | None = None):
         self.tts, self.executor, self.keep = tts, executor, keep
+        # The call's LLM gate: a whole first sentence made ahead holds the model's next pass
+        # until its first chunk exists (`prime(..., first=True)`; llm/voice_first.py).
+        self.voice_first = voice_first
         self.fixed = tuple(line for line in fixed if line.strip())  # said again and again: pin_fixed
         self._ahead: OrderedDict[str, _Ahead] = OrderedDict()
         self._pinned = _pinned_lines(tts)  # lines said again and again (the hold line), per engine
@@ -134,8 +139,12 @@ class PrimedSpeech:
     def __getattr__(self, name: str):
         return getattr(self.tts, name)
 
-    def prime(self, text: str) -> None:
-        """Start synthesising `text` on the executor (returns at once)."""
+    def prime(self, text: str, first: bool = False) -> None:
+        """Start synthesising `text` on the executor (returns at once). `first`: it is the
+        answer's whole first sentence (or its rest after a clause made ahead): what the
+        caller will wait for is its audio, so the model's next pass waits until its first
+        chunk exists (voice_first). A first clause is not `first`: the model is still writing
+        the sentence the caller waits for."""
         if not text.strip():
             return
         with self._lock:
@@ -147,7 +156,7 @@ class PrimedSpeech:
                 with old.cond:
                     old.dropped = True
             self.primed += 1
-        self.executor.submit(self._make, text, ahead)
+        self.executor.submit(self._make, text, ahead, first and self.voice_first is not None)
 
     def pin(self, text: str) -> None:
         """Make `text` once, in the background, and keep it for every time it is said."""
@@ -163,13 +172,16 @@ class PrimedSpeech:
             for sentence in split_sentences(line):
                 self.pin(sentence)
 
-    def _make(self, text: str, ahead: _Ahead) -> None:
+    def _make(self, text: str, ahead: _Ahead, hold_llm: bool = False) -> None:
         with ahead.cond:
             if ahead.dropped:
                 return
             ahead.started = True
+        hold = self.voice_first.hold() if hold_llm else None
         try:
             for chunk in self.tts.synthesize(text):
+                if hold is not None:
+                    hold.release()
                 with ahead.cond:
                     if ahead.dropped:
                         break
@@ -179,6 +191,8 @@ class PrimedSpeech:
             log.warning("speaking ahead failed on %r: %r", text[:60], exc)
             ahead.error = exc
         finally:
+            if hold is not None:
+                hold.release()
             with ahead.cond:
                 ahead.done = True
                 ahead.cond.notify_all()
@@ -246,7 +260,8 @@ def speak_ahead(primed: PrimedSpeech, new_splitter: Callable[[], SentenceSplitte
         first: FirstSentence = last[1]
         if (sentence := first.feed(group)) is not None:
             clause = first.clause
-            primed.prime(sentence[len(clause):].strip() if clause and sentence.startswith(clause) else sentence)
+            primed.prime(sentence[len(clause):].strip() if clause and sentence.startswith(clause) else sentence,
+                         first=True)
         elif clauses and (clause := first.first_clause()) is not None:
             primed.prime(clause)
 

@@ -93,7 +93,8 @@ class TranscriptSources:
             if tts is not None and config.turn.speak_ahead:
                 hold_line = config.tools.hold_line if config.tools.enabled else ""
                 fallback = (config.business.fallback or FALLBACK) if config.agent.guard else ""
-                speech = PrimedSpeech(tts, executor, fixed=(hold_line, fallback))
+                speech = PrimedSpeech(tts, executor, fixed=(hold_line, fallback),
+                                      voice_first=getattr(backend, "voice_first", None))
                 cfg = config.pipeline
                 preemptor.on_group = speak_ahead(speech, lambda: SentenceSplitter(cfg.first_clause,
                                                                                   cfg.first_clause_min_words))
