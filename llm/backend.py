@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 
@@ -27,7 +28,8 @@ class SpeculativeBackend:
     """One conversation (one call) on a shared engine: its KV cache lives across turns."""
 
     def __init__(self, engine: SpeculativeEngine, conversation: Conversation | None = None,
-                 tools: list[dict] | None = None, tool_values: dict[str, list[str]] | None = None):
+                 tools: list[dict] | None = None, tool_values: dict[str, list[str]] | None = None,
+                 voice_first: bool | None = None):
         self.engine = engine
         self.conversation: Conversation | None = conversation or engine.new_conversation()
         if tools:  # the calls' JSON is drafted from the schemas too (llm/call_drafter.py)
@@ -39,8 +41,12 @@ class SpeculativeBackend:
         self.prefills = True  # the engine ends the prompt with a reply's given start
         self.scores_words_end = True  # a cancel's `words_end` is scored from the stream's prefill
         # While the call's speaker makes an answer's first audio, this conversation's next
-        # pass waits (llm/voice_first.py): the caller waits for that audio, not the next sentence.
-        self.voice_first = VoiceFirst()
+        # pass waits (llm/voice_first.py): the caller waits for that audio, not the next
+        # sentence. None (the default): so only where the model's passes take every core; with
+        # a core to spare (llm.threads below the cores) the voice runs beside them.
+        if voice_first is None:
+            voice_first = engine.scheduler.threads >= (os.cpu_count() or 1)
+        self.voice_first: VoiceFirst | None = VoiceFirst() if voice_first else None
 
     async def prefill(self, messages: list[dict], cancel: asyncio.Event | threading.Event | None = None) -> int:
         """Compute the K/V of the prompt of `messages` up to the words of the last one so
@@ -92,8 +98,11 @@ class SpeculativeBackend:
         return Observe(len(prompt) - len(words), lambda row: request.report(engine.end_mass(row)))
 
 
-def _after_voice(groups: Iterator[TokenGroup], gate: VoiceFirst) -> Iterator[TokenGroup]:
+def _after_voice(groups: Iterator[TokenGroup], gate: VoiceFirst | None) -> Iterator[TokenGroup]:
     """`groups`, each pass started only once the call's first audio is not being made (gate)."""
+    if gate is None:
+        yield from groups
+        return
     with contextlib.closing(groups):
         while True:
             gate.wait()

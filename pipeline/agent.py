@@ -133,10 +133,10 @@ def _threads(config: Config, threads: int | None) -> tuple[int, int, int]:
     torch many times slower. Piper gets two threads that sleep when idle (no spinning,
     voice.tts.PiperTTS): an answer's first audio is made while the model waits for it
     (llm/voice_first.py), with the cores to itself, and there two threads made a first
-    chunk in 90-99 ms against 163 ms with one (2-core EPYC); beside a decoding model,
-    two such threads cost the model no more than one (README "Voice first"). Whisper runs
-    while the LLM waits for it, so it may use the cores; torch gets `llm.threads` or all
-    cores.
+    chunk in 90-99 ms against 163 ms with one (a script on a 2-core EPYC); beside a decoding
+    model, two such threads cost the model no more than one. In calls: README "Voice
+    first" (bench pipeline). Whisper runs while the LLM waits for it, so it may use the
+    cores; torch gets `llm.threads` or all cores.
     """
     cores = os.cpu_count() or 1
     if threads is not None:

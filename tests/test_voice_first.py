@@ -74,7 +74,7 @@ def engine(tiny_models):
 async def test_the_backend_starts_no_pass_while_the_first_audio_is_made_and_the_answer_is_unchanged(engine):
     params = SamplingParams(max_new_tokens=12)
     want, _, _ = engine.generate(engine.chat_prompt(MESSAGES), params)
-    backend = SpeculativeBackend(engine)
+    backend = SpeculativeBackend(engine, voice_first=True)
     passes = engine.scheduler.passes
     hold = backend.voice_first.hold()
     got: list = []
@@ -204,3 +204,15 @@ def test_a_whole_first_sentence_made_ahead_holds_the_model_until_its_first_chunk
         assert not gate.held
         tts.steps.release()
         assert len(list(heard)) == 1
+
+
+def test_the_model_holds_for_the_voice_only_where_its_passes_take_every_core(engine, monkeypatch):
+    """A model on fewer threads than the machine has cores leaves the voice a core: no gate."""
+    import os
+
+    threads = engine.scheduler.threads
+    monkeypatch.setattr(os, "cpu_count", lambda: threads + 1)
+    assert SpeculativeBackend(engine).voice_first is None
+    monkeypatch.setattr(os, "cpu_count", lambda: threads)
+    assert isinstance(SpeculativeBackend(engine).voice_first, VoiceFirst)
+    assert SpeculativeBackend(engine, voice_first=False).voice_first is None
