@@ -8,11 +8,14 @@
 On two cores the model and the voice share them. Once a turn's first sentence is written,
 what the caller waits for is Piper's first chunk of it, not the model's next sentence
 (that one is not heard before the first has played, a second or more later). Both at
-once, Piper's one thread and the model's two OpenMP threads take turns on two cores:
-measured on a 2-core EPYC (AVX2), a first chunk took 200-418 ms beside a decoding model
-against 118-235 ms alone. So while the speaker makes the answer's first audio, this
+once, Piper and the model's OpenMP threads take turns on two cores: measured on a 2-core
+EPYC (AVX2), a first chunk on one Piper thread took 200-418 ms beside a decoding model
+against 118-235 ms alone (and 90-99 ms on two threads alone, which is why Piper now has
+two: pipeline.agent._threads). So while the speaker makes the answer's first audio, this
 conversation's next pass is not started (a pass already running ends first). Other calls'
 passes are not held: their own first sentences wait for the cores as much as this one.
+Only where the model's passes take every core (llm.backend.SpeculativeBackend): with a
+core to spare the voice runs beside them.
 
 The hold is bounded (`max_hold_s`) so that a voice that hangs cannot stop the model;
 `release` is idempotent and every hold is released in a `finally`.
@@ -52,7 +55,7 @@ class VoiceFirst:
         self.max_hold_s = max_hold_s
         self._cond = threading.Condition()
         self._holds: list[Hold] = []
-        # Counters (reports, tests): passes that waited, and for how long in all.
+        # Counters: passes that waited, and for how long in all.
         self.waits = 0
         self.waited_s = 0.0
         self.waiting = 0  # threads in wait() now

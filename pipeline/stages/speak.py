@@ -4,10 +4,9 @@ Each sentence is synthesised as it arrives (the LLM keeps writing meanwhile) and
 chunks are queued on the sink; the first chunk's going out is `first_audio_out`. Until
 the reply's first chunk exists the LLM's next pass waits (`reply.voice_first`,
 llm/voice_first.py): the caller is in silence until then, and Piper beside a decoding
-model took up to twice as long. After
-each sentence a mark: once it is confirmed (the audio before it has played) the sentence
-counts as heard. A peer that never confirms marks must not hang the call: each mark gets
-the audio's length plus slack.
+model took up to twice as long. After each sentence a mark: once it is confirmed (the
+audio before it has played) the sentence counts as heard. A peer that never confirms
+marks must not hang the call: each mark gets the audio's length plus slack.
 
 On a barge-in this stage clears the output first (what the caller hears), stops TTS, and
 plays nothing more; the sink resolves every unconfirmed mark as not heard, so the
