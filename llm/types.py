@@ -188,6 +188,9 @@ class LLMBackend(Protocol):
     Optional: `scores_words_end = True`: a `cancel` carrying `words_end` (WordsEnd) gets
     the probability that the caller's words end their message, read off the stream's own
     prefill (a preemptive start; the turn waits on a low one).
+    Optional: `voice_first` (llm.voice_first.VoiceFirst or None): a gate the stream waits
+    at before each step while the call's speaker makes a reply's first audio
+    (llm.backend.SpeculativeBackend); a backend without it never waits.
     """
 
     tools: list[dict] | None

@@ -55,9 +55,7 @@ class VoiceFirst:
         self.max_hold_s = max_hold_s
         self._cond = threading.Condition()
         self._holds: list[Hold] = []
-        # Counters: passes that waited, and for how long in all.
-        self.waits = 0
-        self.waited_s = 0.0
+        self.waits = 0  # passes that waited
         self.waiting = 0  # threads in wait() now
 
     def hold(self) -> Hold:
@@ -96,10 +94,8 @@ class VoiceFirst:
                     left = self._left()
             finally:
                 self.waiting -= 1
-            waited = time.monotonic() - t0
             self.waits += 1
-            self.waited_s += waited
-            return waited
+            return time.monotonic() - t0
 
     def wait_until_waiting(self, n: int = 1, timeout: float = 30.0) -> bool:
         """Block until n threads wait at the gate (for tests: no sleeps)."""

@@ -98,17 +98,14 @@ class MoonshineSTT(ThreadedSTT):
         matched onto what Moonshine heard (it takes no prompt); empty: none."""
         import onnxruntime as ort
 
+        from voice.ort_options import sleeping_threads
         from voice.vocabulary import VocabularyMatcher
 
         self.model_path = check_moonshine_dir(model_path)
         self.silence_dbfs = silence_dbfs
         self.tokenizer = MoonshineTokenizer(self.model_path / TOKENIZER)
         self.matcher = VocabularyMatcher(vocabulary, known_words=self.tokenizer.whole_words())
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = max(1, cpu_threads)
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        options = sleeping_threads(cpu_threads)
         try:
             self.encoder = ort.InferenceSession(str(self.model_path / ENCODER), options,
                                                 providers=["CPUExecutionProvider"])

@@ -110,13 +110,10 @@ class PiperTTS:
         if threads:
             import onnxruntime as ort
 
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = threads
-            # Idle threads sleep instead of spinning: beside the LLM's OpenMP pool, spinning
-            # threads take cores the model's passes need (pipeline.agent._threads).
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-            self.voice.session = ort.InferenceSession(str(self.onnx_path), sess_options=opts,
+            from voice.ort_options import sleeping_threads
+
+            # Idle threads sleep: beside the LLM's passes (pipeline.agent._threads).
+            self.voice.session = ort.InferenceSession(str(self.onnx_path), sess_options=sleeping_threads(threads),
                                                       providers=["CPUExecutionProvider"])
         self.sample_rate = int(self.voice.config.sample_rate)
         self._syn_config = SynthesisConfig(length_scale=length_scale, noise_scale=noise_scale,

@@ -156,7 +156,7 @@ class PrimedSpeech:
                 with old.cond:
                     old.dropped = True
             self.primed += 1
-        self.executor.submit(self._make, text, ahead, first and self.voice_first is not None)
+        self.executor.submit(self._make, text, ahead, first)
 
     def pin(self, text: str) -> None:
         """Make `text` once, in the background, and keep it for every time it is said."""
@@ -172,12 +172,12 @@ class PrimedSpeech:
             for sentence in split_sentences(line):
                 self.pin(sentence)
 
-    def _make(self, text: str, ahead: _Ahead, hold_llm: bool = False) -> None:
+    def _make(self, text: str, ahead: _Ahead, first: bool = False) -> None:
         with ahead.cond:
             if ahead.dropped:
                 return
             ahead.started = True
-        hold = self.voice_first.hold() if hold_llm else None
+        hold = self.voice_first.hold() if first and self.voice_first is not None else None
         try:
             for chunk in self.tts.synthesize(text):
                 if hold is not None:
