@@ -29,6 +29,8 @@ max tokens, interleaved turn by turn:
   hf_assisted   Hugging Face assisted generation with the same draft (its defaults)
   spec_model    our engine, draft model, adaptive gamma
   spec_ngram    our engine, n-gram lookup, adaptive gamma
+  spec_ngram2   as spec_ngram with keys of two tokens or more (the lookup before
+                one-token keys: what they changed, side by side)
   spec_hybrid   our engine, n-gram lookup else draft model, adaptive gamma
 
 tokens_per_s is the decode rate after the first token ((tokens - 1) / (last - first
@@ -45,7 +47,7 @@ examples:
   specvoice bench llm --hf-dtype float32                    # HF peers in fp32 instead of dynamic int8
 """
 
-MODES = ("target_only", "hf_generate", "hf_assisted", "spec_model", "spec_ngram", "spec_hybrid")
+MODES = ("target_only", "hf_generate", "hf_assisted", "spec_model", "spec_ngram", "spec_ngram2", "spec_hybrid")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,11 +114,14 @@ class FirstSentenceClock:
             self.first_sentence = now - self.t0
 
 
-def run_ours(engine, prompt, max_new, system_ids) -> Run:
+def run_ours(engine, prompt, max_new, system_ids, ngram_min_n: int | None = None) -> Run:
+    from llm.drafters import NgramDrafter
     from llm.types import SamplingParams
 
     engine.warm_prefix(system_ids)  # the product computes the system prompt once per process
     conv = engine.new_conversation()
+    if ngram_min_n is not None:
+        conv.drafters = [NgramDrafter(min_n=ngram_min_n)]
     t0 = time.perf_counter()
     clock = FirstSentenceClock(t0)
     ids, times = [], []
@@ -252,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
         if "hf_assisted" in modes:
             hf_draft = load_hf(draft_path, args.hf_dtype, device)
     tokenizer = engine.target.tokenizer
-    ours = {"target_only": ("none", 0), "spec_model": ("model", "auto"), "spec_ngram": ("ngram", "auto"), "spec_hybrid": ("hybrid", "auto")}
+    ours = {"target_only": ("none", 0), "spec_model": ("model", "auto"), "spec_ngram": ("ngram", "auto"),
+            "spec_ngram2": ("ngram", "auto"), "spec_hybrid": ("hybrid", "auto")}
 
     results: dict[str, list[Run]] = {m: [] for m in modes}
     prompts: list[list[int]] = []
@@ -270,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
                 if mode in ours:
                     engine.drafter, engine.gamma = ours[mode]
                     engine.learned = learned.get(mode)  # each mode keeps its own learnt estimates
-                    r = run_ours(engine, prompt, args.max_new_tokens, system_ids)
+                    r = run_ours(engine, prompt, args.max_new_tokens, system_ids,
+                                 ngram_min_n=2 if mode == "spec_ngram2" else None)
                     learned[mode] = engine.learned
                 elif mode == "hf_generate":
                     r = run_hf(hf_target, tokenizer, prompt, args.max_new_tokens)
