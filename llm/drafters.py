@@ -88,16 +88,21 @@ class NgramDrafter:
     are `ngram1u` and `ngram1m`, so the controller drafts long after a unique word and
     little or nothing after a common one. Measured offline on the target's own answers
     to the `bench quality` and `bench llm` turns, with the controller choosing gamma:
-    7-10% fewer passes than two-token keys (splitting the longer keys too gained nothing)."""
+    7-10% fewer passes than two-token keys (splitting the longer keys too gained nothing).
+
+    A key that starts with a digit (`digits`: the vocabulary's all-digit tokens) also says
+    whether a digit precedes it: the answer's "42" begins a number, so it is looked up
+    where a number begins ("42 Harbor Street"), not inside one ("555-0142")."""
 
     max_n: int = 4
     min_n: int = 1
     name: str = "ngram"
+    digits: frozenset[int] = frozenset()
     _tokens: list[int] = field(default_factory=list)
-    # n -> {ngram tuple: end index of its latest occurrence (exclusive)}
-    _index: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+    # n -> {key (n tokens, inside a number): end index of its latest occurrence (exclusive)}
+    _index: dict[int, dict[tuple, int]] = field(default_factory=dict)
     # {1-token key: how many times it occurs}
-    _count: dict[tuple[int, ...], int] = field(default_factory=dict)
+    _count: dict[tuple, int] = field(default_factory=dict)
 
     def _sync(self, context: list[int]) -> None:
         keep = common_prefix(self._tokens, context)
@@ -107,11 +112,15 @@ class NgramDrafter:
         for end in range(len(self._tokens) + 1, len(context) + 1):
             for n in range(self.min_n, self.max_n + 1):
                 if end - n >= 0:
-                    key = tuple(context[end - n : end])
+                    key = self._key(context, end - n, end)
                     self._index.setdefault(n, {})[key] = end
                     if n == 1:
                         self._count[key] = self._count.get(key, 0) + 1
         self._tokens = list(context)
+
+    def _key(self, context: list[int], start: int, end: int) -> tuple:
+        inside_number = start > 0 and context[start] in self.digits and context[start - 1] in self.digits
+        return (*context[start:end], inside_number)
 
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
         t0 = time.perf_counter()
@@ -120,7 +129,7 @@ class NgramDrafter:
         # Index everything but the last position, so a match always has a continuation.
         self._sync(context[:-1])
         for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
-            key = tuple(context[-n:])
+            key = self._key(context, len(context) - n, len(context))
             end = self._index.get(n, {}).get(key)
             if end is not None:
                 kind = ("u" if self._count[key] == 1 else "m") if n == 1 else ""

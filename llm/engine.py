@@ -26,6 +26,7 @@ the CPU default stays the variable-width int8 path.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -145,6 +146,12 @@ class SpeculativeEngine:
                 self._grammars = Grammars(self.target.tokenizer, self.target.model.args.vocab_size, self.target.eos_ids)
             return self._grammars
 
+    @functools.cached_property
+    def digit_ids(self) -> frozenset[int]:
+        """The target vocabulary's all-digit tokens (prompt lookup keys numbers by where
+        they begin: llm.drafters.NgramDrafter)."""
+        return frozenset(i for text, i in self.target.tokenizer.get_vocab().items() if text.isdigit())
+
     def close(self) -> None:
         """Stop the engine thread (a later pass starts a new one)."""
         with self._scheduler_lock:
@@ -263,7 +270,7 @@ class SpeculativeEngine:
     def new_conversation(self, seed: int | None = None) -> Conversation:
         drafters: list[Drafter] = []
         if self.drafter in ("ngram", "hybrid"):
-            drafters.append(NgramDrafter())
+            drafters.append(NgramDrafter(digits=self.digit_ids))
         if self.drafter in ("model", "hybrid") and self.draft is not None:
             gen = torch.Generator(device="cpu")
             gen.manual_seed(seed + 1 if seed is not None else int(time.time_ns() % 2**63))
