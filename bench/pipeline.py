@@ -332,10 +332,10 @@ async def _play_lines(config, models, end_of_turn, wavs, report_dir: Path, label
                             endpointer=Endpointer(models.vad_model.stream(), endpoint_config(config, model is not None)),
                             turns=turn_taker(config, model), call_id=f"bench-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
     task = asyncio.create_task(call.run())
-    per_line = []
+    per_line, taken_back = [], []
     for i, wav in enumerate(wavs):
         pcm, _ = read_wav(wav)
-        before = len(call.turns)
+        before, taken_before = len(call.turns), len(call.report.taken_back) if call.report else 0
         source.push(pcm)
         ok = await call.wait_turns(before + 1, 180)
         deadline = time.monotonic() + 60
@@ -343,8 +343,9 @@ async def _play_lines(config, models, end_of_turn, wavs, report_dir: Path, label
             await asyncio.sleep(0.05)  # a benchmark polling for quiet, not a test's synchronisation
         await asyncio.sleep(0.3)  # the caller's beat before the next line
         per_line.append(len(call.turns) - before)
+        taken_back.append(len(call.report.taken_back) - taken_before if call.report else 0)
         last = call.turns[-1] if call.turns else None
-        print(f"  {label} line {i}: {per_line[-1]} turn(s), v2v "
+        print(f"  {label} line {i}: {per_line[-1]} turn(s){f' ({taken_back[-1]} taken back)' if taken_back[-1] else ''}, v2v "
               f"{_fmt(last.timeline.metrics()['voice_to_voice'] if last else None).strip()} ms, "
               f"{(last.user_text if last else '')!r}", file=sys.stderr, flush=True)
         if not ok:
@@ -355,6 +356,7 @@ async def _play_lines(config, models, end_of_turn, wavs, report_dir: Path, label
     data = call.report.to_dict()
     data["report_path"] = str(call.report_path)
     data["turns_per_line"] = per_line
+    data["taken_back_per_line"] = taken_back  # turns the caller went on in (pipeline/stages/take_back.py)
     return data
 
 
@@ -377,6 +379,7 @@ def _mode_summary(report: dict, lines: int) -> dict:
                                                                      for t in turns) else "stt_latency",
             "cutoff_rate": round(sum(1 for n in per_line if n > 1) / lines, 4) if lines else None,
             "turns": len(turns), "lines": lines, "turns_per_line": per_line,
+            "taken_back": len(report.get("taken_back", [])), "taken_back_per_line": report.get("taken_back_per_line"),
             "preemptive_hit_rate": pre.get("hit_rate"), "preemptive": pre, "report": report["report_path"]}
 
 def _insert_pause(pcm, rate: int, at: float, pause_s: float):
@@ -471,14 +474,15 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
     summaries = {mode: {**_mode_summary(rep, len(wavs)), "voices": per_voice(lines, rep),
                         "kinds": per_voice(lines, rep, "kind")} for mode, rep in runs.items()}
     print(f"\n{'mode':<13} {'v2v p50':>8} {'p90':>6} | {'1st sent p50':>12} {'p90':>6} | {'eot p50':>7} | "
-          f"{'stt p50':>7} | {'stt after end':>13} {'p90':>6} | cut  | turns/lines | preemptive kept")
+          f"{'stt p50':>7} | {'stt after end':>13} {'p90':>6} | cut  | turns/lines | taken back | preemptive kept")
     for mode, s in summaries.items():
         v, f, a = s["voice_to_voice_ms"], s["first_sentence_ms"], s["stt_after_endpoint_ms"]
         hit = "-" if s["preemptive_hit_rate"] is None else f"{s['preemptive']['hits']}/{s['preemptive']['turns']}"
         cut = "-" if s["cutoff_rate"] is None else f"{s['cutoff_rate']:.2f}"
         print(f"{mode:<13} {_fmt(v['p50'], 1, 8)} {_fmt(v['p90'], 1, 6)} | {_fmt(f['p50'], 1, 12)} "
               f"{_fmt(f['p90'], 1, 6)} | {_fmt(s['eot_delay_ms']['p50'], 1, 7)} | {_fmt(s['stt_latency_ms']['p50'], 1, 7)} | "
-              f"{_fmt(a['p50'], 1, 13)} {_fmt(a['p90'], 1, 6)} | {cut:<4} | {s['turns']:>5}/{s['lines']:<5} | {hit}")
+              f"{_fmt(a['p50'], 1, 13)} {_fmt(a['p90'], 1, 6)} | {cut:<4} | {s['turns']:>5}/{s['lines']:<5} | "
+              f"{s['taken_back']:>10} | {hit}")
     print(f"\n{'mode':<27} {'lines':<10} {'n':>3} {'cut':>4} | {'v2v p50':>8} {'p90':>6} | {'1st sent p50':>12}")
     for mode, s in summaries.items():
         for group, v in [*s["voices"].items(), *s["kinds"].items()]:

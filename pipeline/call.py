@@ -4,15 +4,16 @@
     call = Call.from_models(config, models, source, sink)     # the same, from loaded AgentModels
     report = await call.run()                                 # until the caller is gone; report written
 
-The input task hands each TurnEnd to the turn runner and a barge-in to the turn in
-progress; the turn runner runs one turn at a time (stages.transcript -> stages.respond and
-stages.speak side by side -> the turn recorded); all the call tells the world is a typed
-event on `Call.events` (pipeline/events.py). The README walks one caller frame through it.
+The input task hands each TurnEnd to the turn runner and a barge-in (or a take-back:
+stages/take_back.py) to the turn in progress; the turn runner runs one turn at a time
+(stages.transcript -> stages.respond and stages.speak side by side -> the turn recorded);
+all it tells the world is a typed event on `Call.events`. The README walks a frame through it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Coroutine
@@ -25,7 +26,7 @@ from pipeline.agent import (ModelSet, call_ports, chars_token_count, new_call_id
 from pipeline.config import Config
 from pipeline.events import (BargedIn, CallAction, CallEvents, EndOfTurn, KeypadEntry, KeypadTurn, KeyPress,
                              KeyPressed, SpeechStart, TranscriptReady, TurnEnd, TurnPending, TurnRecorded,
-                             UtteranceSkipped, event_callback, turn_callback)
+                             TurnTakenBack, UtteranceSkipped, event_callback, turn_callback)
 from pipeline.mqtt import CallTelemetry, MqttPublisher
 from pipeline.ports import AudioSink, AudioSource, LLMBackend, SpeechToText, TextToSpeech, ToolRunner
 from pipeline.receptionist.guard import FactGuard, turn_guard
@@ -36,8 +37,10 @@ from pipeline.stages.listen import Keypad, listen
 from pipeline.stages.plan_step import first_round
 from pipeline.stages.respond import respond
 from pipeline.stages.speak import speak
+from pipeline.stages.take_back import take_back, takes_back
 from pipeline.stages.transcript import Transcript, TranscriptSources
 from pipeline.stages.turn_taking import TurnTaker
+from pipeline.tasks import settle
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import History, LLMResult, Reply, Turn
 from voice.endpointer import Endpointer, SpeechStarted
@@ -56,6 +59,7 @@ class Call:
     ended_by: tuple[str, str | None] | None = None  # a tool ended the call: (action, why)
     _telemetry: CallTelemetry | None = None  # MQTT, when configured
     _responding: Turn | None = None  # the turn the agent is answering in (barge-in target)
+    _caller_turn: Turn | None = None  # the voice turn being transcribed or answered (take-back target)
     _turn_task: asyncio.Task | None = None
 
     def __init__(
@@ -115,14 +119,12 @@ class Call:
 
     async def wait_turns(self, n: int, timeout: float | None = None) -> bool:
         """Wait until `n` turns have been recorded (True) or `timeout` passed (False)."""
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 while len(self.turns) < n:
                     self._turn_done.clear()
                     await self._turn_done.wait()
-            return True
-        except TimeoutError:
-            return False
+        return len(self.turns) >= n
 
     # ------------------------------------------------------------ run
 
@@ -150,7 +152,7 @@ class Call:
             for task in tasks:
                 if task is not None and not task.done():
                     task.cancel()
-            await _settle(*tasks)
+            await settle(*tasks)
             await self.transcripts.close()  # a hang-up mid-preemption: stopped before the backend closes
             await self._close(end_reason, error if error is not None or not self.errors else "; ".join(self.errors))
         return self.report
@@ -193,9 +195,7 @@ class Call:
                 if isinstance(event, SpeechStarted):
                     self._caller_spoke(event)
                 elif isinstance(event, TurnEnd):
-                    u = event.utterance  # delay: the turn's eot_delay (last voiced -> decided)
-                    self.events.emit(EndOfTurn(event.reason, event.probability,
-                                               round(u.declared_t - u.last_voiced_t, 6), event.pauses))
+                    self.events.emit(EndOfTurn.of(event))
                     self.transcripts.claim(event)
                     self._utterances.put_nowait(event)
                 elif isinstance(event, TurnPending):
@@ -218,6 +218,8 @@ class Call:
     def _caller_spoke(self, event: SpeechStarted) -> None:
         self.events.emit(SpeechStart(event.declared_t))
         self.transcripts.resumed()
+        if (turn := self._caller_turn) is not None and takes_back(turn, event, self.config.turn.take_back_ms / 1000):
+            return take_back(turn, event, self.turn_taker)  # the caller went on: their pause was no end
         turn = self._responding
         if turn is not None and self.config.pipeline.barge_in and not turn.barge_in.fired:
             turn.barge_in.fire(event.declared_t)
@@ -241,15 +243,14 @@ class Call:
 
     async def _one_at_a_time(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run one turn as its own task (so a hang-up can cancel it without touching us)."""
-        task = asyncio.create_task(coro)
-        self._turn_task = task
+        self._turn_task = task = asyncio.create_task(coro)
         try:
             await asyncio.wait({task})
         finally:
             if not task.done():  # we are being cancelled ourselves
                 task.cancel()
-                await _settle(task)
-            self._turn_task = None
+                await settle(task)
+            self._turn_task = self._caller_turn = None
         if not task.cancelled() and task.exception() is not None:
             log.error("turn failed: %r", task.exception())
 
@@ -267,9 +268,10 @@ class Call:
     async def _turn(self, end: TurnEnd) -> None:
         u, index = end.utterance, len(self.turns)
         turn = Turn(index=index, timeline=TurnTimeline.of_utterance(index, u), end_of_turn=end)
+        self._caller_turn = turn
         heard = await self.transcripts.transcribe(end)
-        if heard.text is None:
-            turn.error = heard.error
+        if heard.text is None or turn.taken_back_t is not None:
+            turn.error, turn.user_text = heard.error, (heard.text or "").strip()
             return self._record(turn, heard)
         turn.timeline.mark("transcript")
         if not (text := heard.text.strip()):
@@ -312,7 +314,7 @@ class Call:
                 await speaker
             finally:
                 speaker.cancel()  # no-op once it is done
-                await _settle(speaker)
+                await settle(speaker)
             turn.error = turn.llm.error or turn.speech.error
         finally:
             self._responding = None
@@ -328,6 +330,10 @@ class Call:
     def _record(self, turn: Turn, heard: Transcript | None = None, keypad: KeypadEntry | None = None) -> None:
         """A finished turn: history gets what the caller heard, the report its entry, observers a TurnRecorded."""
         assert self.report is not None
+        self._caller_turn = None
+        if turn.taken_back_t is not None:  # not answered: its audio begins the next turn
+            self.transcripts.taken_back(heard)
+            return self.events.emit(TurnTakenBack(self.report.add_taken_back(turn)))
         if turn.user_text:
             self.history.add(turn.user_text, turn.heard_text, turn.llm.tool_messages,
                              turn.llm.written_if_heard(turn.heard_text))
@@ -342,9 +348,3 @@ class Call:
         self.events.emit(TurnRecorded(entry))
         self._turn_done.set()
 
-
-async def _settle(*tasks: asyncio.Task | asyncio.Future | None) -> None:
-    """Await tasks that were cancelled or finished, swallowing their outcome."""
-    live = [t for t in tasks if t is not None]
-    if live:
-        await asyncio.gather(*live, return_exceptions=True)

@@ -197,6 +197,11 @@ class TurnConfig(Section):
     # pause was cut in two. Measured: README "Turn-taking".
     words_done_threshold: float = Field(default=0.5, gt=0.0, le=1.0)
     words_done_silence_ms: int = Field(default=0, ge=0)
+    # The caller speaks again within this many ms of the turn's end, before its answer was
+    # heard (or within this many ms of its first audio): the turn ended too soon, so it is
+    # taken back (not answered, kept out of the history) and its audio begins the turn being
+    # spoken (pipeline/stages/take_back.py). Not once the turn acted (a tool ran). 0: off.
+    take_back_ms: int = Field(default=500, ge=0)
 
     @property
     def preempts(self) -> bool:

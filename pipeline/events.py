@@ -37,7 +37,7 @@ __all__ = [
     "KeypadEntry", "KeypadTurn", "LLMText", "MQTT_KINDS", "PreemptiveDiscarded", "PreemptiveKept",
     "PreemptiveStart", "SentenceGuarded", "SentenceHeard", "SentenceReady", "SpeechStart", "ToolCallRejected",
     "ToolCallStarted", "ToolResult", "TranscriptInterim", "TranscriptPause", "TranscriptStable",
-    "TranscriptReady", "TurnEnd", "TurnPending", "TurnRecorded", "UtteranceSkipped", "event_callback",
+    "TranscriptReady", "TurnEnd", "TurnPending", "TurnRecorded", "TurnTakenBack", "UtteranceSkipped", "event_callback",
     "turn_callback",
 ]
 
@@ -137,6 +137,11 @@ class EndOfTurn(CallEvent):
     probability: float | None
     delay: float  # last voiced -> decided, seconds
     pauses: int
+
+    @classmethod
+    def of(cls, end: TurnEnd) -> "EndOfTurn":
+        u = end.utterance
+        return cls(end.reason, end.probability, round(u.declared_t - u.last_voiced_t, 6), end.pauses)
 
 
 @dataclass(frozen=True)
@@ -323,11 +328,24 @@ class TurnRecorded(CallEvent):
     entry: dict
 
 
+@dataclass(frozen=True)
+class TurnTakenBack(CallEvent):
+    """The caller went on speaking before the turn's answer was heard: the turn is taken
+    back, not answered, and its audio begins the next (pipeline/stages/take_back.py). Its
+    entry in the report's "taken_back" list."""
+
+    kind: ClassVar[str] = "turn_taken_back"
+    entry: dict
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.entry)
+
+
 # The kinds MQTT publishes as they happen (<prefix>/calls/<id>/events): the end-of-turn
-# decision, the preemptive generation's start / kept / discarded, and the streaming STT's
-# interim, stable and pause transcripts. The rest reach the report with the turn.
-MQTT_KINDS = frozenset({"end_of_turn", "preemptive_start", "preemptive_kept", "preemptive_discarded",
-                        "transcript_interim", "transcript_stable", "transcript_pause"})
+# decision and a turn taken back, the preemptive generation's start / kept / discarded, and
+# the streaming STT's interim, stable and pause transcripts. The rest reach the report with the turn.
+MQTT_KINDS = frozenset({"end_of_turn", "turn_taken_back", "preemptive_start", "preemptive_kept",
+                        "preemptive_discarded", "transcript_interim", "transcript_stable", "transcript_pause"})
 
 
 Observer = Callable[[CallEvent], None]

@@ -15,7 +15,11 @@ Schema "specvoice.call_report/1" (times in seconds):
                 "preemptive": {"starts", "events": [{"event": one of start, llm_start, kept,
                                discarded; "t" (seconds since call start), "why" (discarded),
                                "pause", "audio_s" (start), "groups_ready", "finished" (kept)}]}}],
-     "summary": {"turns", "metrics": {metric: {"p50", "p90", "max", "n"}},
+     "taken_back": [{"before_turn", "user_text", "agent_text", "agent_audio_s", "resumed_at",
+                     "timeline", "end_of_turn": {"reason", "pauses"}}]
+                   (turns the caller went on speaking in before their answer was heard: not
+                    answered, their audio begins turn `before_turn`; pipeline/stages/take_back.py),
+     "summary": {"turns", "taken_back", "metrics": {metric: {"p50", "p90", "max", "n"}},
                  "llm": {"tokens", "passes", "tokens_per_pass", "acceptance_rate", "tokens_per_s"},
                  "tools": {"calls", "failed", "turns", "fallbacks",
                            "voice_to_voice": {"with_tools": {...}, "without_tools": {...}}},
@@ -118,6 +122,7 @@ class CallReport:
     t0: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
     turns: list[dict[str, Any]] = field(default_factory=list)
+    taken_back: list[dict[str, Any]] = field(default_factory=list)  # add_taken_back
     ended_at: float | None = None
     end_reason: str | None = None
     error: str | None = None
@@ -207,6 +212,20 @@ class CallReport:
             entry["error"] = turn.error
         return entry
 
+    def add_taken_back(self, turn: Turn) -> dict[str, Any]:
+        """Record a turn taken back (pipeline/stages/take_back.py): the caller went on speaking
+        before its answer was heard, so it was not answered and its audio begins the next
+        turn (`before_turn`, that turn's index). What it heard and had begun to say, and when
+        the caller went on (`resumed_at`, seconds since the call start, like the timeline)."""
+        e, resumed = turn.end_of_turn, turn.taken_back_t
+        entry = {"before_turn": len(self.turns), "user_text": turn.user_text, "agent_text": turn.agent_text,
+                 "agent_audio_s": round(turn.speech.audio_s, 3),
+                 "resumed_at": None if resumed is None else _r(resumed - self.t0),
+                 "timeline": {k: _r(v) for k, v in turn.timeline.relative(self.t0).items()},
+                 "end_of_turn": None if e is None else {"reason": e.reason, "pauses": e.pauses}}
+        self.taken_back.append(entry)
+        return entry
+
     def _tool_call(self, call: dict[str, Any]) -> dict[str, Any]:
         out = dict(call)
         for key in ("start", "end"):
@@ -241,7 +260,8 @@ class CallReport:
             "config": self.config,
             "models": models,
             "turns": self.turns,
-            "summary": summarize(self.turns),
+            "taken_back": self.taken_back,
+            "summary": {**summarize(self.turns), "taken_back": len(self.taken_back)},
         }
 
 

@@ -66,6 +66,9 @@ class LLMResult:
     action: str | None = None
     action_reason: str | None = None
     fallback: bool = False
+    # When the turn first acted (a tool run, a plan acted on): from then on it cannot be
+    # taken back (stages/take_back.py), since what it did stays done.
+    acted_t: float | None = None
     # The hold line ([tools] hold_line, "One moment, please.") spoken when the model began a
     # tool call before saying anything: its monotonic time, None if not spoken.
     hold_line_t: float | None = None
@@ -112,6 +115,9 @@ class Turn:
     barge_in: BargeIn = field(default_factory=BargeIn)
     end_of_turn: TurnEnd | None = None  # how the caller's turn ended (reason, probability)
     error: str | None = None
+    # The caller went on speaking (at this time, their first voiced sample) before the answer
+    # was heard: the turn is taken back, its audio begins the next (stages/take_back.py).
+    taken_back_t: float | None = None
 
     @property
     def agent_text(self) -> str:

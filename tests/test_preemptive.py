@@ -570,7 +570,9 @@ async def test_a_call_in_silence_mode_keeps_a_sentence_open_at_the_pause_in_one_
     async def pause_heard() -> None:
         await asyncio.shield(call.transcripts.preemptor.current.transcript)
 
-    call, _, _ = make_call(config(tmp_path, True, "silence"),
+    cfg = config(tmp_path, True, "silence")  # the turn-taker's decision alone: no take-back of a turn
+    cfg = cfg.model_copy(update={"turn": cfg.turn.model_copy(update={"take_back_ms": 0})})  # (test_take_back.py)
+    call, _, _ = make_call(cfg,
                            [silence(0.3), tone(1.0), silence(0.25), pause_heard, silence(0.65), tone(0.8), silence(2.0)],
                            ScriptedBackend(["Sure."]), stt, None, end_silence_s=0.5)
     await asyncio.wait_for(call.run(), 120)

@@ -13,6 +13,7 @@ import pytest
 from callfakes import EnergyVAD, ScriptedBackend, ScriptedSTT, ToneTTS
 from pipeline.agent import load_end_of_turn
 from pipeline.call import Call
+from pipeline.report import load_report
 from pipeline.config import load_config
 from pipeline.io import PacedSink, PushSource
 from pipeline.events import TurnEnd
@@ -127,10 +128,13 @@ class LengthModel:
         return 0.95 if len(audio) / RATE > self.seconds else 0.05
 
 
-async def _call_turns(tmp_path, model) -> tuple[Call, list[str]]:
-    """A caller says half a sentence, pauses 0.7 s, says the rest: which turns does the agent take?"""
+async def _call_turns(tmp_path, model, take_back_ms: int = 0) -> tuple[Call, list[str]]:
+    """A caller says half a sentence, pauses 0.7 s, says the rest: which turns does the agent
+    take? By the turn-taker alone, unless `take_back_ms` (the call takes a turn back when the
+    caller goes on before its answer is heard: pipeline/stages/take_back.py)."""
     cfg = load_config("test")
-    cfg = cfg.model_copy(update={"report": cfg.report.model_copy(update={"dir": str(tmp_path / "reports")})})
+    cfg = cfg.model_copy(update={"report": cfg.report.model_copy(update={"dir": str(tmp_path / "reports")}),
+                                 "turn": cfg.turn.model_copy(update={"take_back_ms": take_back_ms})})
     heard = []
     stt = ScriptedSTT(lambda audio: heard.append(len(audio) / RATE) or f"{len(audio) / RATE:.1f} seconds")
     source = PushSource(realtime=False, tail_s=2.5)
@@ -153,14 +157,17 @@ async def _call_turns(tmp_path, model) -> tuple[Call, list[str]]:
 async def test_a_mid_sentence_pause_is_one_turn_with_the_model_and_two_without(tmp_path):
     silence_call, _ = await _call_turns(tmp_path / "silence", None)
     assert len(silence_call.turns) == 2  # silence endpointing answers the fragment
+    # ... unless the call takes the fragment's turn back when the caller goes on before its
+    # answer is heard (the 0.7 s pause ends the turn after 0.2 s: the caller goes on 0.5 s later).
+    joined, heard = await _call_turns(tmp_path / "taken", None, take_back_ms=700)
+    assert len(joined.turns) == 1 and joined.turns[0].user_text == f"{heard[-1]:.1f} seconds" and heard[-1] > 2.0
+    assert len(load_report(joined.report_path)["taken_back"]) == 1
     model = LengthModel(1.5)
     call, heard = await _call_turns(tmp_path / "model", model)
     assert len(call.turns) == 1 and model.asked == 2
     # STT heard both halves as one utterance (the turn's is the last transcription; the one
     # before it, on the first half alone, was the preemptive start at the pause, discarded).
     assert heard[-1] > 2.0 and call.turns[0].user_text == f"{heard[-1]:.1f} seconds"
-    from pipeline.report import load_report
-
     (entry,) = load_report(call.report_path)["turns"]
     assert entry["end_of_turn"] == {"reason": "model", "probability": 0.95, "pauses": 2}
     # endpoint_delay is last voiced audio -> end of turn declared: the pause check, not 0.7 s.

@@ -183,7 +183,7 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         # the tokens already in the KV cache (History.add uses it when the caller heard it all).
         result.written = filt.text
         return
-    t = time.monotonic()
+    t = result.acted_t = time.monotonic()
     try:
         outcome = await asyncio.to_thread(act, parse.plan, toolbox, caller_text, callers or [caller_text])
     except Exception as exc:  # act never raises by design; a turn must survive if it does

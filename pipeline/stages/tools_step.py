@@ -131,6 +131,8 @@ def _as_written(answer: AnswerStream) -> dict:
 async def _run_one(call: ToolCall, toolbox: ToolRunner, n: int, answer: AnswerStream) -> dict:
     answer.emit(ToolCallStarted(answer.reply.turn, call.name, call.arguments))
     start = time.monotonic()
+    if answer.result.acted_t is None:
+        answer.result.acted_t = start
     try:
         o = await asyncio.to_thread(toolbox.run, call.name, call.arguments)
         entry = _entry(o.name, o.arguments, o.ok, o.result, o.error, o.elapsed_ms, o.action, o.reason,

@@ -181,6 +181,13 @@ class TranscriptSources:
             return None
         return await self.preemptor.adopt(heard.preemption, text, messages)
 
+    def taken_back(self, heard: Transcript | None) -> None:
+        """The turn was taken back (stages/take_back.py): a preemptive generation it claimed
+        and did not keep stops now, not after a whole answer nobody will hear."""
+        claim = heard.preemption if heard is not None else None
+        if self.preemptor is not None and claim is not None and claim.preemption is not None:
+            self.preemptor.discard("taken_back", claim.preemption)
+
     async def make_way(self, backend: LLMBackend | None) -> None:
         """A turn is about to generate: one generation at a time on the conversation, so a
         preemption it did not keep (a keypad turn came first, say) is stopped and waited for."""

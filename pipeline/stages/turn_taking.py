@@ -135,8 +135,11 @@ class TurnTaker:
             self._transcript = self._heard = self._words_end = None  # ... and its transcript is of other audio
             return [event]
         self._speaking = False
-        if self.model is None and self.end_silence_s is None:
-            return [TurnEnd(event, event.reason)]  # "silence", or "max_length" / "flush"
+        if self.model is None and self.end_silence_s is None:  # "silence", or "max_length" / "flush"
+            if not self._pending:
+                return [TurnEnd(event, event.reason)]
+            self._pending.append(event)  # the rest of a turn taken back (reopen)
+            return [self._end(event.declared_t, event.reason)]
         self._pending.append(event)
         if event.reason in ("max_length", "flush") or self._duration() >= self.max_turn_s:
             return [self._end(event.declared_t, "max_length" if event.reason != "flush" else "flush")]
@@ -233,6 +236,12 @@ class TurnTaker:
     def _all_pending(self, samples: int) -> bool:
         """`samples` are all of the pending turn's audio, and the caller has not spoken since."""
         return bool(self._pending) and not self._speaking and samples == self.pending_samples
+
+    def reopen(self, end: TurnEnd) -> None:
+        """A turn that ended is taken back (pipeline/stages/take_back.py): the caller, speaking
+        again, goes on with it. Its audio is the first piece of the pending turn, so the
+        turn that now ends carries all of it, as if it had waited through the pause."""
+        self._pending.insert(0, end.utterance)
 
     def flush(self) -> TurnEnd | None:
         """The stream ended (not a hang-up): a waiting turn is answered."""
