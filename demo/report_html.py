@@ -639,6 +639,24 @@ def _preemptive_section(report: dict) -> str:
     return f'<h2>Preemptive generation</h2><div class="cards preemptive">{cards}</div>{table}'
 
 
+def _taken_back_section(report: dict) -> str:
+    """Turns the caller went on speaking in before their answer was heard (report
+    "taken_back", pipeline/stages/take_back.py): not answered, their audio began the next
+    turn. What STT heard, what the agent had begun, and when the caller went on."""
+    entries = [e for e in report.get("taken_back") or [] if isinstance(e, dict)]
+    if not entries:
+        return ""
+    rows = "".join(
+        f'<tr data-before-turn="{esc(e.get("before_turn"))}"><td>{esc(e.get("before_turn"))}</td>'
+        f'<td class="caller">{esc(e.get("user_text"))}</td><td class="agent">{esc(e.get("agent_text"))}</td>'
+        f'<td data-value="{_data_value(e.get("agent_audio_s"))}">{fmt(e.get("agent_audio_s"))}</td>'
+        f'<td data-value="{_data_value(e.get("resumed_at"))}">{fmt(e.get("resumed_at"))}</td></tr>' for e in entries)
+    return ('<h2>Turns taken back</h2><p class="muted">the caller went on before the answer was heard: '
+            'not answered; the words begin the turn named</p><table class="taken-back"><thead><tr>'
+            '<th>joined to turn</th><th>heard so far</th><th>agent had begun</th><th>agent audio (s)</th>'
+            f'<th>caller went on at (s)</th></tr></thead><tbody>{rows}</tbody></table>')
+
+
 def _tool_table(turn: dict, i: int) -> str:
     calls = tool_calls(turn)
     if not calls:
@@ -865,6 +883,7 @@ def _report_section(report: dict, idx: int) -> str:
         f"<h2>LLM (speculative decoding)</h2>{_llm_cards(report)}"
         f"{_tools_section(report) if uses_tools(report) else ''}"
         f"{_preemptive_section(report) if uses_preemption(report) else ''}"
+        f"{_taken_back_section(report)}"
         f"<h2>Voice to voice over the call</h2>{v2v_plot_svg(report)}"
         f"<h2>Per turn</h2>{_turn_table(report)}"
         f'<h2>Turns: transcript and waterfall</h2>{"".join(_turn_section(report, i, t) for i, t in enumerate(turns(report)))}'

@@ -634,6 +634,37 @@ def strip_turn_taking(report: dict) -> dict:
     return old
 
 
+def test_turns_taken_back_are_listed_on_the_page(tmp_path):
+    """A turn the caller went on in (pipeline/stages/take_back.py), as the real writer
+    records it: its own section, with what was heard and begun; none without one."""
+    import numpy as np
+
+    from pipeline.config import Config
+    from pipeline.events import TurnEnd
+    from pipeline.report import CallReport, write_report
+    from pipeline.timeline import TurnTimeline
+    from pipeline.turn import Turn
+    from voice.endpointer import SpeechEnded
+
+    call = CallReport.from_config("call-taken-back", Config())
+    t0 = call.t0
+    utterance = SpeechEnded(np.zeros(16000, np.float32), t0 + 1.0, t0 + 2.0, t0 + 3.0)
+    turn = Turn(index=0, timeline=TurnTimeline.of_utterance(0, utterance), end_of_turn=TurnEnd(utterance, "silence"),
+                user_text="I would like to book a cleaning for now. <b>", taken_back_t=t0 + 3.1)
+    turn.llm.text, turn.speech.audio_s = "One moment, please.", 0.4
+    entry = call.add_taken_back(turn)
+    assert entry["before_turn"] == 0 and entry["resumed_at"] == pytest.approx(3.1)
+    call.finish("completed")
+    data = report_html.load_report(write_report(call, tmp_path))
+    assert data["summary"]["taken_back"] == 1 and data["summary"]["turns"] == 0
+    page = report_html.render_html(data)
+    section = page[page.index("<h2>Turns taken back</h2>"):]
+    row = re.search(r'<tr data-before-turn="0">(.*?)</tr>', section).group(1)
+    assert "I would like to book a cleaning for now. &lt;b&gt;" in row and "One moment, please." in row
+    assert '<td data-value="3.1">' in row and '<td data-value="0.4">' in row
+    assert "Turns taken back" not in report_html.render_html(make_report())
+
+
 def test_preemptive_report_fixture_is_what_it_claims(tmp_path):
     report = preemptive_report(tmp_path)
     assert [t.get("preemptive_hit") for t in report["turns"]] == [None, True, False]
