@@ -16,13 +16,13 @@ A turn is taken back when the caller speaks again within `window_s` of its end (
 the endpointer measured a little too long; a later start is a new thought, answered as
 its own turn, as before), while its answer is not yet heard, or heard for less than
 `window_s` before their first syllable (no one reacts to an answer that fast: they were
-going on), and while it has not acted (a booking made stays made,
-so that turn is answered and the caller's words are a barge-in, as before). Taking it
-back stops the answer as a barge-in does (the speaker clears the output, the LLM stops
-between passes), keeps it out of the history, and gives its audio back to the turn-taker
-as the first piece of the turn now being spoken (`TurnTaker.reopen`): the caller's words
-are answered once, whole, as if the turn had waited. The call's report lists the turns
-taken back apart ("taken_back"), with what was transcribed and begun.
+going on), and while it has not acted (a booking made stays made, so that turn is
+answered and the caller's words are a barge-in, as before). Taking it back stops the
+answer as a barge-in does (the speaker clears the output, the LLM stops between passes),
+keeps it out of the history, and gives its audio back to the turn-taker as the first
+piece of the turn now being spoken (`TurnTaker.reopen`): the caller's words are answered
+once, whole, as if the turn had waited. The call's report lists the turns taken back
+apart ("taken_back"), with what was transcribed and begun.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def takes_back(turn: Turn, speech: SpeechStarted, window_s: float, now: float | 
 def take_back(turn: Turn, speech: SpeechStarted, turns: TurnTaker) -> None:
     """Take `turn` back: its answer stops (as on a barge-in) and its audio begins the turn
     the caller is speaking now. The call keeps it out of the history and the turn list."""
+    assert turn.end_of_turn is not None  # takes_back() holds only for a turn a pause ended
     turn.taken_back_t = speech.start_t
     turn.barge_in.fire(speech.declared_t)
-    assert turn.end_of_turn is not None
     turns.reopen(turn.end_of_turn)
