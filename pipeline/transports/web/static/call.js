@@ -238,6 +238,19 @@ function onEvent(m) {
       if (li) li.classList.add("interrupted");
       break;
     }
+    case "turn_taken_back": {
+      // The caller went on before the answer was heard (pipeline/stages/take_back.py): that
+      // turn is not answered, and its words begin the next, which takes the same index. What
+      // the agent had begun goes, and so do the turn's provisional bars; the caller's line
+      // stays until the joined turn's transcript replaces it.
+      const key = m.before_turn;
+      const agent = document.querySelector(`#transcript li[data-key="agent-${key}"]`);
+      if (agent) agent.remove();
+      const box = document.querySelector(`#turns .turn[data-turn="${key}"]`);
+      if (box) box.remove();
+      delete S.turns[key];
+      break;
+    }
   }
 }
 
