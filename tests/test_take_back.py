@@ -108,6 +108,33 @@ async def test_a_reopened_turn_ends_once_with_its_audio_then_the_new_words(end_s
     assert joined.pauses == 2 and not turns.pending
 
 
+class SeenAudio:
+    """Smart Turn stand-in: "complete" on any audio; records the length of each it was asked on."""
+
+    def __init__(self):
+        self.asked: list[int] = []
+
+    def probability(self, audio: np.ndarray) -> float:
+        self.asked.append(len(audio))
+        return 0.95
+
+
+async def test_with_an_end_of_turn_model_a_reopened_turn_is_asked_on_all_its_audio():
+    model = SeenAudio()
+    turns = TurnTaker(model, TurnPolicy(check_silence_s=0.2, max_silence_s=1.5), clock=lambda: 0.0)
+    first = piece(1.0, 1.0, 0.1)
+    (ended,) = await turns.on_event(first)
+    assert ended.reason == "model"
+    await turns.on_event(SpeechStarted(2.4, 2.6))
+    turns.reopen(ended)
+    second = piece(2.4, 0.5, 0.2)
+    (joined,) = await turns.on_event(second)
+    # The model's second answer was on both pieces, and the turn carries them both.
+    assert model.asked == [len(first.audio), len(first.audio) + len(second.audio)]
+    assert joined.reason == "model" and joined.pauses == 2 and joined.utterance.start_t == 1.0
+    assert np.array_equal(joined.utterance.audio, np.concatenate([first.audio, second.audio]))
+
+
 # ---------------------------------------------------------------- in a call
 
 
