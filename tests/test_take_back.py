@@ -21,7 +21,7 @@ from pipeline.stages.take_back import takes_back
 from pipeline.stages.turn_taking import TurnTaker
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import Turn
-from test_preemptive import RATE, config, events, make_call, silence, tone
+from test_preemptive import RATE, StubTools, config, events, make_call, silence, tone
 from voice.endpointer import SpeechEnded, SpeechStarted
 from voice.turn_detector import TurnPolicy
 
@@ -231,22 +231,6 @@ async def test_with_take_back_off_the_caller_going_on_is_a_second_turn(tmp_path)
     assert load_report(call.report_path)["taken_back"] == []
 
 
-class StubTools:
-    """One tool; the model's first round calls it before saying anything."""
-
-    def __init__(self):
-        self.runs = 0
-
-    def open_slots(self):
-        return None
-
-    def run(self, name, arguments):
-        from pipeline.receptionist.tools import ToolOutcome
-
-        self.runs += 1
-        return ToolOutcome(name, {}, True, {"free": ["Tuesday 10:30"]}, None, 0.1)
-
-
 async def test_a_turn_that_acted_is_answered_and_the_callers_words_are_a_barge_in(tmp_path):
     backend, seen = PlannedBackend(["tool", "wait"]), {}
 
@@ -257,7 +241,7 @@ async def test_a_turn_that_acted_is_answered_and_the_callers_words_are_a_barge_i
     cfg = cfg.model_copy(update={"tools": cfg.tools.model_copy(update={"enabled": True, "hold_line": ""})})
     steps = [silence(0.3), tone(1.0), silence(1.3), tool_ran, tone(0.6), silence(1.3)]
     call, _, _ = make_call(cfg, steps, backend, ScriptedSTT(length_stt), None, end_silence_s=1.0)
-    call.toolbox = tools = StubTools()
+    call.toolbox = tools = StubTools([])
     seen["tool_result"] = on_kind(call, "tool_result")
     await asyncio.wait_for(call.run(), 60)
     assert tools.runs == 1 and call.turns[0].llm.acted_t is not None
