@@ -154,7 +154,8 @@ class Generation:
     @property
     def background(self) -> bool:
         """A preemptive answer whose turn has not ended: its passes yield to the others'
-        (llm/scheduler.py). Its cancel says so (`background`), read before every pass."""
+        (llm/scheduler.py). Its cancel says so (`background`), read whenever the scheduler
+        chooses a round: a pass queued before the turn ended goes with the next one."""
         return bool(getattr(self.cancel, "background", False))
 
 
@@ -254,7 +255,7 @@ def first_pass(s: Decoding, runner: Runner) -> TokenGroup:
         return choose(row, s.gen.params, s.generator)
 
     t0 = s.clock()
-    token, _ = runner.run(prepare, finish, Load(rows=computed, tokens=1.0), background=s.gen.background)
+    token, _ = runner.run(prepare, finish, Load(rows=computed, tokens=1.0), background=lambda: s.gen.background)
     if guide is not None:
         guide.advance([token])
     stats.prefill_s = s.clock() - t0
@@ -285,7 +286,7 @@ def speculative_pass(s: Decoding, runner: Runner) -> TokenGroup:
     base = len(s.context)  # the position of `pending`
     s.context.append(s.pending)
     job = _PassJob(s, base, draft_limit(s))
-    verdict, info = runner.run(job.prepare, job.finish, s.hint, background=s.gen.background)
+    verdict, info = runner.run(job.prepare, job.finish, s.hint, background=lambda: s.gen.background)
     drafted = job.drafted
     n = len(drafted.proposal.tokens)
     # Told to the others' passes until this one prepares its next (before the controller

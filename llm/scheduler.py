@@ -30,7 +30,9 @@ Background passes (`run(..., background=True)`: a preemptive answer started whil
 caller may still be speaking, pipeline/stages/preempt.py) run only in rounds where no
 other pass waits: a turn that has ended never shares its forward with, or waits behind, an
 answer that may be thrown away. A preemptive answer becomes foreground when its turn ends
-on its audio (its cancel's `background` turns False), from its next pass on.
+on its audio (its cancel's `background` turns False): `background` may be a callable, read
+each time a round is chosen, so that a pass already queued (a prefill that waited behind
+other calls' answers) goes with the next round too, not only the passes after it.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class PassInfo:
 
 Prepare = Callable[[Load], "Piece | None | PieceSteps"]
 Finish = Callable[[torch.Tensor], Any]
+Background = bool | Callable[[], bool]  # a flag, or one read whenever a round is chosen
 
 
 class Runner(Protocol):
@@ -95,7 +98,7 @@ class Runner(Protocol):
     PassInfo). SoloRunner runs it here; PassScheduler on the engine thread, batched."""
 
     def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
-            background: bool = False) -> tuple[Any, PassInfo]: ...
+            background: Background = False) -> tuple[Any, PassInfo]: ...
 
 
 @dataclass
@@ -104,7 +107,7 @@ class _Work:
     finish: Finish
     hint: Load  # what this conversation brought to its last pass (before it prepares this one)
     job: Callable[[], Any] | None = None  # instead of a pass: run alone, its value the result
-    background: bool = False  # runs only when no foreground work waits (module doc)
+    background: Background = False  # runs only when no foreground work waits (module doc)
     submitted: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
@@ -113,6 +116,11 @@ class _Work:
     piece: Piece | None = None
     steps: PieceSteps | None = None  # a prepare still drafting
     step: DraftStep | None = None  # the draft forward it waits for
+
+    @property
+    def in_background(self) -> bool:
+        """Background now: a preemptive pass whose turn has ended while it was queued is not."""
+        return bool(self.background()) if callable(self.background) else self.background
 
 
 def _no_rows(_) -> None:
@@ -129,7 +137,7 @@ class SoloRunner:
         self.timer = timer
 
     def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
-            background: bool = False) -> tuple[Any, PassInfo]:
+            background: Background = False) -> tuple[Any, PassInfo]:
         with self.lock:  # one pass at a time: nothing to put before another
             piece = _run_here(prepare(Load()), self.timer)
             (logits,), seconds = self.timer(piece.model, [piece.segment])
@@ -182,9 +190,10 @@ class PassScheduler:
                 self._cond.notify_all()
 
     def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
-            background: bool = False) -> tuple[Any, PassInfo]:
+            background: Background = False) -> tuple[Any, PassInfo]:
         """Submit one pass and wait for it: (finish's result, the pass it ran in).
-        `background`: only in a round no foreground pass waits for (module doc)."""
+        `background`: only in a round no foreground pass waits for (module doc); a callable
+        is read each time a round is chosen."""
         work = self._submit(_Work(prepare, finish, hint or Load(rows=1, tokens=1.0), background=background))
         return work.result, work.info
 
@@ -248,11 +257,12 @@ class PassScheduler:
     def _first(self, works: list[_Work]) -> tuple[list[_Work], list[_Work]]:
         """(this round's works, those left queued): the foreground ones when any waits, else
         all. Called with _cond held."""
-        front = [w for w in works if not w.background]
+        behind = [w.in_background for w in works]  # read once: the flag may turn meanwhile
+        front = [w for w, b in zip(works, behind) if not b]
         if not front or len(front) == len(works):
             return works, []
         self.deferred += len(works) - len(front)
-        return front, [w for w in works if w.background]
+        return front, [w for w, b in zip(works, behind) if b]
 
     def _loop(self, up: threading.Event) -> None:
         claim(self.threads)
@@ -266,7 +276,7 @@ class PassScheduler:
                     # Passes submitted while the lock was held join this round.
                     with self._cond:
                         works, self._queue = self._first(works + self._queue)
-                        if all(w.background for w in works):
+                        if all(w.in_background for w in works):
                             self._background_round = time.monotonic()
                     self._round(works)
                     self._count_behind_background()
@@ -283,7 +293,7 @@ class PassScheduler:
                 return
             now = time.monotonic()
             for w in self._queue:
-                if not w.background and w.submitted > began:
+                if not w.in_background and w.submitted > began:
                     self.behind_background += 1
                     self.behind_background_s += now - w.submitted
 

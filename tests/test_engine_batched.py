@@ -378,6 +378,47 @@ def test_an_ended_turns_pass_goes_before_preemptive_ones_and_never_shares_their_
         sched.close()
 
 
+def test_a_queued_preemptive_pass_whose_turn_ends_goes_with_the_next_round():
+    """A preemptive pass waits in the queue behind other calls' answers; its turn ends (its
+    flag turns) before the engine chooses the next round: it runs in that round, not after
+    every foreground pass that keeps coming (a kept answer's prefill waited 5.8 s so in
+    `bench load` at 4 calls). With the flag read only at submission it would be deferred."""
+    from llm.scheduler import PassScheduler
+
+    lock = threading.Lock()
+    sched = PassScheduler(lock, gather_s=0.0)
+    order: list[tuple[str, int]] = []
+    still_preemptive = [True]
+
+    def submit(name: str, background) -> threading.Thread:
+        def prepare(load):
+            order.append((name, sched.rounds))
+            return None
+
+        t = threading.Thread(target=sched.run, args=(prepare, None), kwargs={"background": background})
+        t.start()
+        return t
+
+    lock.acquire()
+    try:
+        threads = [submit("other-call-a", False)]
+        with sched._cond:  # the engine thread took it and waits for the lock
+            assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
+        threads += [submit("kept-answer", lambda: still_preemptive[0]), submit("other-call-b", False)]
+        assert sched.wait_until_waiting(2)
+        still_preemptive[0] = False  # the turn ended on the preempted audio
+    finally:
+        lock.release()
+    for t in threads:
+        t.join(30)
+    try:
+        rounds = {name: r for name, r in order}
+        assert rounds["kept-answer"] == rounds["other-call-a"] == rounds["other-call-b"]
+        assert sched.deferred == 0
+    finally:
+        sched.close()
+
+
 def test_an_ended_turns_pass_that_comes_during_a_background_round_is_counted_as_waiting_for_it():
     """A forward is not interrupted: an ended turn's pass that arrives while a round of
     preemptive passes alone runs waits for it, and the scheduler counts that wait (what

@@ -775,7 +775,7 @@ async def test_silence_mode_answers_at_the_pause_and_keeps_it_token_identical(tm
     run = sched.run
 
     def recording_run(prepare, finish, hint=None, background=False):
-        flags.append(background)
+        flags.append(background() if callable(background) else background)  # as it is at submission
         return run(prepare, finish, hint, background)
 
     monkeypatch.setattr(sched, "run", recording_run)
@@ -913,6 +913,52 @@ async def test_a_pause_is_transcribed_beside_a_running_prefill_and_its_llm_waits
     (turn,) = call.turns
     assert turn.user_text == "What are your hours on Saturday?" and turn.agent_text
     assert load_report(call.report_path)["turns"][0]["preemptive_hit"] is True
+
+
+async def test_when_the_turn_ends_the_prefill_its_answer_waits_for_stops_yielding_to_other_calls(tmp_path,
+                                                                                              tiny_engine):
+    """A speech prefill runs on the conversation as background work (other calls' ended
+    turns go first). When this turn ends, its answer waits for that prefill, so from then on
+    the prefill is foreground too: its cancel's flag turns, which the engine's scheduler
+    reads when it chooses a round (a pass already queued included). Under load, left
+    background, such a pass waited seconds behind three other calls' answers."""
+    class BlockedPrefill(SpyBackend):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.entered, self.release = asyncio.Event(), asyncio.Event()
+            self.cancels: list = []
+
+        async def prefill(self, messages, cancel=None):
+            self.cancels.append(cancel)
+            self.entered.set()
+            await self.release.wait()
+            return await self.inner.prefill(messages, cancel)
+
+    spy = BlockedPrefill(engine_backend(tiny_engine))
+    log: list = []
+    seen: dict = {}
+
+    async def prefill_running() -> None:
+        await spy.entered.wait()
+        seen["background_while_listening"] = spy.cancels[0].background
+
+    async def turn_ended_then_release() -> None:
+        async def ended() -> None:
+            while not any(kind == "end_of_turn" for kind, _ in log):
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(ended(), 60)
+        seen["background_after_the_end"] = spy.cancels[0].background
+        spy.release.set()
+
+    call, _, _ = make_call(config(tmp_path, True, "silence"),
+                           [silence(0.3), prefill_running, tone(1.0), silence(0.8), turn_ended_then_release,
+                            silence(0.3)], spy, ScriptedSTT("What are your hours on Saturday?"), None, log,
+                           end_silence_s=0.5)
+    await asyncio.wait_for(call.run(), 120)
+    assert seen == {"background_while_listening": True, "background_after_the_end": False}
+    (turn,) = call.turns
+    assert turn.agent_text and load_report(call.report_path)["turns"][0]["preemptive_hit"] is True
 
 
 async def test_a_speech_prefill_stopped_in_its_stt_is_not_waited_for(tmp_path, tiny_engine):

@@ -203,7 +203,8 @@ class Preemptor:
         self._prefill_stop: Stop | None = None  # the running speech prefill's
         self._prefill_task: asyncio.Task | None = None  # ... and its task
         self._log: list[dict] = []  # the pending turn's events
-        self._tasks: set[asyncio.Task] = set()  # started and not yet finished (discarded ones included)
+        # Started and not yet finished (discarded ones included), each with its cancel.
+        self._tasks: dict[asyncio.Task, Stop] = {}
 
     @property
     def busy(self) -> bool:
@@ -226,9 +227,12 @@ class Preemptor:
         self._note(p, "start", pause=pause.pauses, audio_s=round(len(pause.audio) / 16000, 3))
         self.current = p
         p.task = asyncio.create_task(self._run(p, previous), name="preemptive")
-        self._tasks.add(p.task)
-        p.task.add_done_callback(self._tasks.discard)
+        self._track(p.task, p.stop)
         return p
+
+    def _track(self, task: asyncio.Task, stop: Stop) -> None:
+        self._tasks[task] = stop
+        task.add_done_callback(lambda t: self._tasks.pop(t, None))
 
     def discard(self, why: str, p: Preemption | None = None) -> None:
         """Stop and drop a preemption (default: the pending turn's)."""
@@ -247,11 +251,17 @@ class Preemptor:
         """The pending turn ended: its preemption, if the audio is the one it heard, goes
         to the turn; otherwise it is discarded. None when the turn had no preemption."""
         p, log_, self.current, self._log = self.current, self._log, None, []
+        # The turn has ended, and its answer (kept or new) waits for all work still on the
+        # conversation (a speech prefill's pass, a discarded start's last one): none of it
+        # yields to other calls' passes any more, passes already queued included (the
+        # scheduler reads the flag when it chooses a round). Under load they waited seconds.
+        for stop in self._tasks.values():
+            stop.background = False
         if p is not None and not same_audio(p.pause, end):
             self.discard("audio_changed", p)
             p = None
         if p is not None:
-            p.stop.background = False  # the turn has ended: its answer goes first from now on
+            p.stop.background = False  # the turn's answer goes first from now on
         if p is None and not log_:
             return None
         return TurnPreemption(p, log_)
@@ -266,8 +276,7 @@ class Preemptor:
             return False
         stop = self._prefill_stop = Stop()
         task = self._prefill_task = asyncio.create_task(self._prefill(prefill, audio, stop), name="speech-prefill")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._track(task, stop)
         return True
 
     def prefill_next(self) -> bool:
