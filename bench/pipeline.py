@@ -457,9 +457,9 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
             mode_models = models
             if cfg.stt.engine != config.stt.engine and getattr(models, "stt", None) is not None:
                 if cfg.stt.engine not in other_stt:
-                    from pipeline.agent import _threads, load_stt
+                    from pipeline.agent import thread_counts, load_stt
 
-                    other_stt[cfg.stt.engine] = load_stt(cfg, _threads(cfg, None)[1])  # as AgentModels.load
+                    other_stt[cfg.stt.engine] = load_stt(cfg, thread_counts(cfg, None)[1])  # as AgentModels.load
                 mode_models = dataclasses.replace(models, stt=other_stt[cfg.stt.engine])
             variants = [(mode, cfg)]
             if args.without_tools:

@@ -125,7 +125,7 @@ def chars_token_count(messages: list[dict]) -> int:
     return sum(len(m.get("content", "")) // 4 + 4 for m in messages)
 
 
-def _threads(config: Config, threads: int | None) -> tuple[int, int, int]:
+def thread_counts(config: Config, threads: int | None) -> tuple[int, int, int]:
     """(torch, whisper, piper) thread counts.
 
     The LLM, Whisper and Piper all compete for the same cores, and the LLM keeps
@@ -199,7 +199,7 @@ class AgentModels:
         from voice.vad import SileroModel
 
         bookings = open_bookings(config)  # first: a bad database path fails before a minute of loading
-        torch_threads, stt_threads, tts_threads = _threads(config, threads)
+        torch_threads, stt_threads, tts_threads = thread_counts(config, threads)
         times: dict[str, float] = {}
         engine = None
         if config.llm.backend == "speculative":

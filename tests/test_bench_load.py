@@ -12,6 +12,26 @@ from demo.cli import main
 from pipeline.timeline import V2V_PARTS
 
 
+def test_a_config_is_loaded_with_its_own_threads_as_serve_runs_it_unless_told():
+    """`bench load --config default` measures the default as `specvoice serve` runs it: torch
+    on every core, as the config says (it ran everything on one thread before, a setup no
+    user runs); --threads still sets all three; the small built-in setup keeps one."""
+    import argparse
+    import os
+
+    from bench.load.config import agent_threads, threads_used
+    from pipeline.config import load_config
+
+    cfg = load_config("default")
+    cores = os.cpu_count() or 1
+    as_serve = argparse.Namespace(threads=None, config="default")
+    assert agent_threads(as_serve) is None
+    assert threads_used(as_serve, cfg) == {"torch": cores, "stt": min(4, cores), "piper": min(2, cores)}
+    told = argparse.Namespace(threads=1, config="default")
+    assert threads_used(told, cfg) == {"torch": 1, "stt": 1, "piper": 1}
+    assert agent_threads(argparse.Namespace(threads=None, config=None)) == 1
+
+
 def test_slope_per_min_is_least_squares_per_minute():
     assert slope_per_min([(0, 10.0), (60, 12.0), (120, 14.0)]) == pytest.approx(2.0)
     assert slope_per_min([(0, 5.0), (30, 5.0), (90, 5.0)]) == pytest.approx(0.0)

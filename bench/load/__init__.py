@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from bench import write_json
-from bench.load.config import SMALL
+from bench.load.config import SMALL, threads_used
 
 HELP = "N simulated callers at once against one bridge; --soak for a long run of repeated calls"
 DESCRIPTION = """\
@@ -86,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, nargs="+", default=[1, 2, 4], help="concurrent calls per level (default: 1 2 4)")
     parser.add_argument("--turns", type=int, default=2, help="caller lines per call (default 2)")
     parser.add_argument("--config", help="config name or TOML file, used as is (default: SmolLM2 + whisper-tiny.en)")
-    parser.add_argument("--threads", type=int, default=1, help="threads for torch, Whisper and Piper each (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch, Whisper and Piper each (default: with --config, the config's own, "
+                             "as `specvoice serve` runs it; else 1)")
     parser.add_argument("--stt-workers", type=int, default=None,
                         help="Whisper transcriptions at once (stt.workers; default: the config's)")
     parser.add_argument("--max-new-tokens", type=int, default=40, help="LLM answer length cap (default 40)")
@@ -151,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "llm": {"target": cfg.llm.target, "draft": cfg.llm.draft, "drafter": cfg.llm.drafter, "dtype": cfg.llm.dtype,
                 "max_new_tokens": cfg.llm.max_new_tokens},
-        "stt": cfg.stt.model, "stt_workers": cfg.stt.workers, "tts": cfg.tts.voice, "threads": args.threads, "turns_per_call": args.turns,
+        "stt": cfg.stt.model, "stt_workers": cfg.stt.workers, "tts": cfg.tts.voice, "threads": threads_used(args, cfg), "turns_per_call": args.turns,
         "config": args.config or "built-in small (SmolLM2-135M int8 + whisper-tiny.en + Piper)",
         "models_load_s": round(load_s, 1),
     }

@@ -132,7 +132,7 @@ def run_bridges(args: argparse.Namespace) -> int:
         from voice.tts import load_tts
 
         voice = load_config(args.config).tts.voice if args.config else "piper-joe-medium"
-        tts = load_tts("piper", resolve_model(voice), threads=args.threads)
+        tts = load_tts("piper", resolve_model(voice), threads=args.threads or 1)
     except Exception as exc:  # noqa: BLE001 - a one-line error, not a traceback
         return fail(f"cannot load the callers' voice: {exc}")
     lines_by_caller = spoken_scripts(tts, sum(levels_n), args.turns)

@@ -21,7 +21,7 @@ def load_bench_config(args: argparse.Namespace, report_dir: Path):
         cfg = load_config("test")
         cfg = cfg.model_copy(update={
             "llm": cfg.llm.model_copy(update={"target": SMALL, "draft": None, "drafter": "ngram", "dtype": "int8",
-                                              "gamma": 4, "temperature": 0.0, "threads": args.threads}),
+                                              "gamma": 4, "temperature": 0.0, "threads": args.threads or 1}),
             "stt": cfg.stt.model_copy(update={"model": "whisper-tiny.en"}),
         })
     if args.stt_workers:
@@ -31,6 +31,19 @@ def load_bench_config(args: argparse.Namespace, report_dir: Path):
         "report": cfg.report.model_copy(update={"dir": str(report_dir)}),
         "mqtt": cfg.mqtt.model_copy(update={"enabled": False}),
     })
+
+
+def agent_threads(args: argparse.Namespace) -> int | None:
+    """The `threads` AgentModels.load gets: --threads; else, with --config, None (the config's
+    own, as `specvoice serve` runs it: torch on every core); the small setup: 1."""
+    return args.threads if args.threads or args.config else 1
+
+
+def threads_used(args: argparse.Namespace, cfg) -> dict[str, int]:
+    """Threads of torch, the STT and Piper, as the benchmark ran them (its JSON, its header)."""
+    from pipeline.agent import thread_counts
+
+    return dict(zip(("torch", "stt", "piper"), thread_counts(cfg, agent_threads(args))))
 
 
 def spawn_config(args: argparse.Namespace, path: Path, llm_url: str, llm_name: str, report_dir: Path,

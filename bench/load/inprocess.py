@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.load.callers import NAMES, spoken_scripts, wait_or_cancel
-from bench.load.config import load_bench_config
+from bench.load.config import agent_threads, load_bench_config, threads_used
 from bench.load.resources import Sampler, heap_stats, soak_resources
 from bench.load.summary import judge, level_summary
 from bench.load.tables import print_soak_round
@@ -165,13 +165,13 @@ def load_models(args: argparse.Namespace):
     try:
         from pipeline.agent import AgentModels
 
-        models = AgentModels.load(cfg, threads=args.threads)
+        models = AgentModels.load(cfg, threads=agent_threads(args))
     except (ModelNotFoundError, OSError, RuntimeError, ValueError) as exc:
         print(f"specvoice bench load: cannot load the models: {exc}", file=sys.stderr)
         return None
     load_s = time.perf_counter() - t
     print(f"models loaded in {load_s:.1f} s: LLM {cfg.llm.target} ({cfg.llm.dtype}, drafter {cfg.llm.drafter}), "
-          f"STT {cfg.stt.model}, TTS {cfg.tts.voice}; {args.threads} thread(s) each; reports in {report_dir}",
+          f"STT {cfg.stt.model}, TTS {cfg.tts.voice}; threads {threads_used(args, cfg)}; reports in {report_dir}",
           flush=True)
     return cfg, models, load_s
 
