@@ -15,11 +15,7 @@ table of `sources` (llm/engine.py), so what the first turns learnt holds for the
 call, and a machine that slows down (a busy neighbour, another call) is seen by all.
 
 Never slower than plain decoding (issue 27). Four rules keep the controller honest:
-- a margin: g > 0 only where the estimate beats plain decoding with this conversation's
-  expected tokens cut by `margin` (10%): alone, a rate 10% above plain decoding's. The
-  margin guards this conversation's own estimate, so in a batch it discounts only its
-  tokens, not the others' (a 10% bar on the whole batch's rate refused ngram4 drafts with
-  acceptance 0.9 beside three other calls: bench load at 4 calls, README);
+- a margin: g > 0 only where the estimate beats plain decoding by `margin` (10%);
 - costs rise fast: a pass slower than estimated moves the estimate a third of the way
   (capped at 2x a pass, so one stall does not switch speculation off), a faster one
   moves it a fifth of the way; a line fitted to one-row passes is not trusted for wide
@@ -143,7 +139,7 @@ class GammaController:
     decay: float = 0.9  # acceptance follows the last dozen or so passes
     explore_every: int = 16
     load: Load = field(default_factory=Load)  # the batch this conversation's next pass is in
-    margin: float = 0.1  # speculate only where this share off our expected tokens still beats plain decoding
+    margin: float = 0.1  # speculate only where the estimate beats plain decoding by this much
     # Tokens the answer still has to go (set by the decoder each pass: the budget left, at
     # most 48, a spoken answer's length): what a draft model's catch-up is spread over.
     horizon: float = 48.0
@@ -163,8 +159,7 @@ class GammaController:
 
     def best(self, source: str, available: int, extra_s: float = 0.0, margin: float | None = None) -> tuple[int, float]:
         """(gamma, expected tokens per second) maximising throughput for drafts from `source`;
-        g > 0 only where it beats plain decoding with this conversation's expected tokens
-        cut by the margin (alone: by the margin). `extra_s`: what the drafter
+        g > 0 only where it beats plain decoding by the margin. `extra_s`: what the drafter
         must run before it can draft (a draft model's catch-up)."""
         limit = max(0, min(self.max_gamma, available))
         plain = self.plain_rate()
@@ -172,25 +167,23 @@ class GammaController:
             g = min(self.fixed, limit)
             return g, plain if g == 0 else float("inf")
         limit = min(limit, self.verify.trusted_rows() - 1 - self.load.rows)
-        guard = 1.0 + (self.margin if margin is None else margin)
+        bar = plain * (1.0 + (self.margin if margin is None else margin))
         best_g, best_rate = 0, plain
         for g in range(1, limit + 1):
             rate = self.rate(source, g, extra_s)
-            if self.rate(source, g, extra_s, discount=guard) > plain and rate > best_rate:
+            if rate > bar and rate > best_rate:
                 best_g, best_rate = g, rate
         return best_g, best_rate
 
-    def rate(self, source: str, g: int, extra_s: float = 0.0, discount: float = 1.0) -> float:
+    def rate(self, source: str, g: int, extra_s: float = 0.0) -> float:
         """Expected tokens per second of a pass verifying g drafts from `source` (with the
         other conversations of the pass, all of its tokens over all of its time). A
         catch-up (`extra_s`) is paid once and serves the passes after it: it is spread
-        over the passes of the `horizon` (the tokens still to come, at most 48).
-        `discount`: this conversation's expected tokens divided by it (the margin)."""
+        over the passes of the `horizon` (the tokens still to come, at most 48)."""
         s, load = self.stats(source), self.load
         mine = expected_tokens(s.estimate, g)
         catch_up = extra_s * mine / max(self.horizon, 1.0)
-        cost = catch_up + g * s.cost_per_token + load.draft_s + self.verify.cost(load.rows + g + 1)
-        return (mine / discount + load.tokens) / cost
+        return (mine + load.tokens) / (catch_up + g * s.cost_per_token + load.draft_s + self.verify.cost(load.rows + g + 1))
 
     def expected(self, source: str, g: int) -> float:
         """Tokens a pass verifying g drafts from `source` is expected to yield."""

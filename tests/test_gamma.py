@@ -2,7 +2,7 @@
 
 import pytest
 
-from llm.gamma import CostModel, GammaController, Load, expected_tokens
+from llm.gamma import CostModel, GammaController, expected_tokens
 
 
 def test_expected_tokens_formula():
@@ -99,25 +99,6 @@ def test_slow_start_before_wide_passes_are_measured():
     assert c.choose("ngram4", 8) == 7
     c.observe_verify(8, 0.114)
     assert c.choose("ngram4", 8) == 8
-
-
-def test_under_load_the_margin_discounts_this_conversations_tokens_not_the_batchs():
-    """Measured in `bench load` at 4 calls: ngram4 drafts with acceptance 0.895, beside
-    three conversations bringing 8 rows and 6.6 tokens, on the engine's learnt costs (84 ms
-    a pass, 13 ms a row). Four drafts give this conversation 3.5 tokens for 4 rows more
-    (+45% of the pass's time for its caller, 2.4x its tokens); the whole batch's rate rises
-    8%, under a 10% bar on it, which refused them for 19 passes in a row. The margin guards
-    this conversation's estimate: its tokens cut by 10% still win, so it drafts. A source
-    whose drafts are refused half the time still does not, and alone nothing changes."""
-    c = controller(step=0.0843, per_row=0.0129)
-    c.load = Load(rows=8, tokens=6.63)
-    good, poor = c.stats("ngram4"), c.stats("ngram2")
-    good.accepted, good.rejected, good.cost_per_token = 8.95, 1.05, 0.0
-    poor.accepted, poor.rejected, poor.cost_per_token = 1.0, 1.0, 0.0
-    assert c.choose("ngram4", 8) == 4
-    plain = c.plain_rate()
-    assert c.rate("ngram4", 4) < 1.1 * plain  # the bar on the batch's rate would have refused it
-    assert c.choose("ngram2", 8) == 0
 
 
 def test_margin_keeps_a_marginal_gain_off():
