@@ -36,7 +36,7 @@ from llm.drafters import Drafter, DraftStep, Proposal, common_prefix
 from llm.gamma import GammaController, Load
 from llm.model import KVCache, Segment, Transformer, new_cache
 from llm.sampling import Verdict, apply_mask, choose, verify_greedy, verify_sampled, warp
-from llm.scheduler import PassInfo, Piece, PieceSteps, Runner, SoloRunner
+from llm.scheduler import PassInfo, PassSkipped, Piece, PieceSteps, Runner, SoloRunner
 from llm.types import GenerationStats, SamplingParams, TokenGroup
 
 
@@ -158,6 +158,10 @@ class Generation:
         chooses a round: a pass queued before the turn ended goes with the next one."""
         return bool(getattr(self.cancel, "background", False))
 
+    def cancelled(self) -> bool:
+        """Read by the scheduler while a pass waits: a cancelled generation's pass is not run."""
+        return self.cancel is not None and self.cancel.is_set()
+
 
 @dataclass
 class Decoding:
@@ -255,7 +259,8 @@ def first_pass(s: Decoding, runner: Runner) -> TokenGroup:
         return choose(row, s.gen.params, s.generator)
 
     t0 = s.clock()
-    token, _ = runner.run(prepare, finish, Load(rows=computed, tokens=1.0), background=lambda: s.gen.background)
+    token, _ = runner.run(prepare, finish, Load(rows=computed, tokens=1.0), background=lambda: s.gen.background,
+                          skip=s.gen.cancelled)
     if guide is not None:
         guide.advance([token])
     stats.prefill_s = s.clock() - t0
@@ -286,7 +291,8 @@ def speculative_pass(s: Decoding, runner: Runner) -> TokenGroup:
     base = len(s.context)  # the position of `pending`
     s.context.append(s.pending)
     job = _PassJob(s, base, draft_limit(s))
-    verdict, info = runner.run(job.prepare, job.finish, s.hint, background=lambda: s.gen.background)
+    verdict, info = runner.run(job.prepare, job.finish, s.hint, background=lambda: s.gen.background,
+                               skip=s.gen.cancelled)
     drafted = job.drafted
     n = len(drafted.proposal.tokens)
     # Told to the others' passes until this one prepares its next (before the controller
@@ -465,14 +471,17 @@ def speculative_stream(
     """
     runner = gen.runner if gen.runner is not None else SoloRunner(gen.lock)
     s = start(target, seq, prompt, drafters, controller, detok, gen, stats, clock)
-    group = first_pass(s, runner)
-    yield group
-    while group.finish_reason is None:
-        if gen.cancel is not None and gen.cancel.is_set():
-            stats.total_s = clock() - s.t_start
-            yield TokenGroup((), "", 0, 0, time.monotonic(), "cancelled")
-            return
-        group = speculative_pass(s, runner)
+    try:
+        group = first_pass(s, runner)
         yield group
+        while group.finish_reason is None:
+            if gen.cancelled():
+                raise PassSkipped()
+            group = speculative_pass(s, runner)
+            yield group
+    except PassSkipped:  # cancelled between passes, or while its pass waited (not run)
+        stats.total_s = clock() - s.t_start
+        yield TokenGroup((), "", 0, 0, time.monotonic(), "cancelled")
+        return
     # The last token is not in the cache yet; a next turn's prefill computes it.
     stats.total_s = clock() - s.t_start

@@ -33,6 +33,12 @@ answer that may be thrown away. A preemptive answer becomes foreground when its 
 on its audio (its cancel's `background` turns False): `background` may be a callable, read
 each time a round is chosen, so that a pass already queued (a prefill that waited behind
 other calls' answers) goes with the next round too, not only the passes after it.
+
+A pass still queued when its generation is cancelled (`skip` says so: a speech prefill a
+pause's start stopped, a discarded preemption, an answer the caller talked over) is not run:
+its conversation gets `PassSkipped` and the generation ends as cancelled between passes. Its
+result would be thrown away, and under load such a pass, deferred as background, held up
+the start that waits for it.
 """
 
 from __future__ import annotations
@@ -91,6 +97,10 @@ Finish = Callable[[torch.Tensor], Any]
 Background = bool | Callable[[], bool]  # a flag, or one read whenever a round is chosen
 
 
+class PassSkipped(Exception):
+    """The pass was not run: its generation was cancelled while it waited (module doc)."""
+
+
 class Runner(Protocol):
     """Runs one conversation's pass: `prepare` names its target rows (drafting first, maybe
     in steps), the target runs them (with other conversations' rows, maybe), `finish` turns
@@ -98,7 +108,7 @@ class Runner(Protocol):
     PassInfo). SoloRunner runs it here; PassScheduler on the engine thread, batched."""
 
     def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
-            background: Background = False) -> tuple[Any, PassInfo]: ...
+            background: Background = False, skip: Callable[[], bool] | None = None) -> tuple[Any, PassInfo]: ...
 
 
 @dataclass
@@ -108,6 +118,7 @@ class _Work:
     hint: Load  # what this conversation brought to its last pass (before it prepares this one)
     job: Callable[[], Any] | None = None  # instead of a pass: run alone, its value the result
     background: Background = False  # runs only when no foreground work waits (module doc)
+    skip: Callable[[], bool] | None = None  # true once its generation is cancelled: not run
     submitted: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
@@ -137,8 +148,10 @@ class SoloRunner:
         self.timer = timer
 
     def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
-            background: Background = False) -> tuple[Any, PassInfo]:
+            background: Background = False, skip: Callable[[], bool] | None = None) -> tuple[Any, PassInfo]:
         with self.lock:  # one pass at a time: nothing to put before another
+            if skip is not None and skip():
+                raise PassSkipped()
             piece = _run_here(prepare(Load()), self.timer)
             (logits,), seconds = self.timer(piece.model, [piece.segment])
             return finish(logits), PassInfo(seconds, int(piece.segment.tokens.shape[0]), 1)
@@ -170,6 +183,7 @@ class PassScheduler:
         self.draft_passes = 0  # draft-model forwards run by the engine thread
         self.batched_draft_passes = 0  # of those, forwards that carried 2+ conversations' steps
         self.deferred = 0  # background passes left for a later round because foreground work waited
+        self.skipped = 0  # queued passes not run: their generation was cancelled while they waited
         # Foreground passes that arrived while a round of background passes alone ran (a
         # forward is not interrupted): how many, and the seconds they waited for it to end.
         self.behind_background = 0
@@ -190,11 +204,13 @@ class PassScheduler:
                 self._cond.notify_all()
 
     def run(self, prepare: Prepare, finish: Finish, hint: Load | None = None,
-            background: Background = False) -> tuple[Any, PassInfo]:
+            background: Background = False, skip: Callable[[], bool] | None = None) -> tuple[Any, PassInfo]:
         """Submit one pass and wait for it: (finish's result, the pass it ran in).
         `background`: only in a round no foreground pass waits for (module doc); a callable
-        is read each time a round is chosen."""
-        work = self._submit(_Work(prepare, finish, hint or Load(rows=1, tokens=1.0), background=background))
+        is read each time a round is chosen. `skip`: read then too; true, the pass is not
+        run and this raises PassSkipped."""
+        work = self._submit(_Work(prepare, finish, hint or Load(rows=1, tokens=1.0), background=background,
+                                  skip=skip))
         return work.result, work.info
 
     def call(self, fn: Callable[[], Any]) -> Any:
@@ -256,13 +272,23 @@ class PassScheduler:
 
     def _first(self, works: list[_Work]) -> tuple[list[_Work], list[_Work]]:
         """(this round's works, those left queued): the foreground ones when any waits, else
-        all. Called with _cond held."""
+        all; a pass whose generation was cancelled meanwhile ends here, unrun. Called with
+        _cond held."""
+        works = [w for w in works if not self._skipped(w)]
         behind = [w.in_background for w in works]  # read once: the flag may turn meanwhile
         front = [w for w, b in zip(works, behind) if not b]
         if not front or len(front) == len(works):
             return works, []
         self.deferred += len(works) - len(front)
         return front, [w for w, b in zip(works, behind) if b]
+
+    def _skipped(self, w: _Work) -> bool:
+        if w.skip is None or not w.skip():
+            return False
+        self.skipped += 1
+        w.error = PassSkipped()
+        w.done.set()
+        return True
 
     def _loop(self, up: threading.Event) -> None:
         claim(self.threads)
@@ -276,9 +302,10 @@ class PassScheduler:
                     # Passes submitted while the lock was held join this round.
                     with self._cond:
                         works, self._queue = self._first(works + self._queue)
-                        if all(w.in_background for w in works):
+                        if works and all(w.in_background for w in works):
                             self._background_round = time.monotonic()
-                    self._round(works)
+                    if works:
+                        self._round(works)
                     self._count_behind_background()
                 works = None  # nothing of a finished pass stays referenced while idle
 

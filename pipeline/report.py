@@ -14,7 +14,9 @@ Schema "specvoice.call_report/1" (times in seconds):
                                   true when the turn kept it),
                 "preemptive": {"starts", "events": [{"event": one of start, llm_start, kept,
                                discarded; "t" (seconds since call start), "why" (discarded),
-                               "pause", "audio_s" (start), "groups_ready", "finished" (kept)}]}}],
+                               "pause", "audio_s" (start), "groups_ready", "finished" (kept),
+                               "stt_s", "waited_s", "prompt_s" (llm_start: the start's STT, its
+                               wait for work still on the conversation, its prompt and plan)}]}}],
      "taken_back": [{"before_turn", "user_text", "agent_text", "agent_audio_s", "resumed_at",
                      "timeline", "end_of_turn": {"reason", "pauses"}}]
                    (turns the caller went on speaking in before their answer was heard: not

@@ -419,6 +419,75 @@ def test_a_queued_preemptive_pass_whose_turn_ends_goes_with_the_next_round():
         sched.close()
 
 
+def test_a_pass_whose_generation_is_cancelled_while_it_waits_is_not_run():
+    """A queued pass is skipped, unrun, once its `skip` reads true (its generation was
+    cancelled while it waited: a speech prefill a pause's start stopped); its caller gets
+    PassSkipped and the pass beside it runs as usual."""
+    from llm.scheduler import PassScheduler, PassSkipped
+
+    lock = threading.Lock()
+    sched = PassScheduler(lock, gather_s=0.0)
+    ran: list[str] = []
+    outcome: dict[str, str] = {}
+    cancelled = threading.Event()
+
+    def submit(name: str, **kw) -> threading.Thread:
+        def go():
+            try:
+                sched.run(lambda load: ran.append(name), None, **kw)
+                outcome[name] = "ran"
+            except PassSkipped:
+                outcome[name] = "skipped"
+
+        t = threading.Thread(target=go)
+        t.start()
+        return t
+
+    lock.acquire()
+    try:
+        threads = [submit("answer")]
+        with sched._cond:  # the engine thread took it and waits for the lock
+            assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
+        threads.append(submit("speech-prefill", background=True, skip=cancelled.is_set))
+        assert sched.wait_until_waiting(1)
+        cancelled.set()  # a pause's start stopped the prefill
+    finally:
+        lock.release()
+    for t in threads:
+        t.join(30)
+    try:
+        assert ran == ["answer"] and outcome == {"answer": "ran", "speech-prefill": "skipped"}
+        assert sched.skipped == 1 and sched.deferred == 0
+    finally:
+        sched.close()
+
+
+def test_a_generation_cancelled_while_its_prefill_waits_ends_with_nothing_cached(tiny_models):
+    """The engine is busy (its pass lock held) while a conversation's prefill waits; the
+    generation is cancelled: the pass is not run, the stream ends as cancelled with no
+    token, the conversation's cache holds nothing of it, and its next generation is token
+    for token a fresh conversation's."""
+    eng = load(tiny_models["target"], None, "ngram", 3)
+    try:
+        conv, cancel, groups = eng.new_conversation(), threading.Event(), []
+        prompt, params = eng.encode(PROMPTS[0]), SamplingParams(max_new_tokens=12)
+        sched = eng.scheduler
+        with sched.lock:  # the engine is busy
+            t = threading.Thread(target=lambda: groups.extend(eng.stream(prompt, params, conv, cancel)))
+            t.start()
+            with sched._cond:  # submitted, and taken by the engine thread that waits for the lock
+                assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
+            cancel.set()
+        t.join(30)
+        assert [(g.token_ids, g.finish_reason) for g in groups] == [((), "cancelled")]
+        assert sched.skipped == 1 and conv.seq.tokens == []
+        again = [tok for g in eng.stream(prompt, params, conv) for tok in g.token_ids]
+        fresh = [tok for g in eng.stream(prompt, params, eng.new_conversation()) for tok in g.token_ids]
+        assert again == fresh and again
+    finally:
+        eng.close()
+
+
 def test_an_ended_turns_pass_that_comes_during_a_background_round_is_counted_as_waiting_for_it():
     """A forward is not interrupted: an ended turn's pass that arrives while a round of
     preemptive passes alone runs waits for it, and the scheduler counts that wait (what

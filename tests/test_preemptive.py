@@ -774,9 +774,9 @@ async def test_silence_mode_answers_at_the_pause_and_keeps_it_token_identical(tm
     sched = tiny_engine.scheduler
     run = sched.run
 
-    def recording_run(prepare, finish, hint=None, background=False):
+    def recording_run(prepare, finish, hint=None, background=False, **kw):
         flags.append(background() if callable(background) else background)  # as it is at submission
-        return run(prepare, finish, hint, background)
+        return run(prepare, finish, hint, background, **kw)
 
     monkeypatch.setattr(sched, "run", recording_run)
     held = []

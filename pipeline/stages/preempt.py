@@ -380,6 +380,7 @@ class Preemptor:
 
     async def _run(self, p: Preemption, previous: list[asyncio.Task]) -> None:
         loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
         try:
             try:
                 # Streaming STT transcribed this pause already (TurnPending.transcript): reuse
@@ -399,8 +400,10 @@ class Preemptor:
             if not p.text:
                 self.discard("empty_transcript", p)  # noise: no LLM start
                 return
+            t_stt = time.monotonic()
             if previous:
                 await asyncio.wait(previous)  # one piece of work at a time on the conversation
+            t_free = time.monotonic()
             if p.stop.is_set():
                 return
             messages = await loop.run_in_executor(self.executor, self.messages_for, p.text)
@@ -413,7 +416,10 @@ class Preemptor:
             p.messages, p.sent = messages, sent
             p.prompt.set_result(messages)
             self.llm_starts += 1
-            self._note(p, "llm_start")
+            # Where the start's time went (the report's llm_start): its STT, the wait for the
+            # work still on the conversation, and the prompt and plan built after it.
+            self._note(p, "llm_start", stt_s=round(t_stt - t0, 3), waited_s=round(t_free - t_stt, 3),
+                       prompt_s=round(time.monotonic() - t_free, 3))
             async with contextlib.aclosing(self.backend.stream(sent, p.params, p.stop)) as stream:
                 async for group in stream:
                     p.groups.append(group)
