@@ -337,6 +337,29 @@ def test_a_job_runs_on_the_engine_thread_and_returns_its_value():
         sched.close()
 
 
+def _submit(sched, name: str, order: list, **kw) -> threading.Thread:
+    """A pass with no target rows (it ends at its prepare), submitted from its own thread as
+    a conversation's is: `order` gets (name, the round it ran in), or (name, "skipped")."""
+    from llm.scheduler import PassSkipped
+
+    def go():
+        try:
+            sched.run(lambda load: order.append((name, sched.rounds)), None, **kw)
+        except PassSkipped:
+            order.append((name, "skipped"))
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def _taken_by_the_engine(sched) -> None:
+    """The first pass was submitted and the engine thread took it (the queue is empty
+    again): it waits for the pass lock the test holds."""
+    with sched._cond:
+        assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
+
+
 def test_an_ended_turns_pass_goes_before_preemptive_ones_and_never_shares_their_round():
     """Priority by event, no timing: while the engine thread holds a preemptive (background)
     pass behind the lock, another preemptive pass and an ended turn's pass arrive; when
@@ -348,22 +371,12 @@ def test_an_ended_turns_pass_goes_before_preemptive_ones_and_never_shares_their_
     sched = PassScheduler(lock, gather_s=0.0)
     order: list[tuple[str, int]] = []
 
-    def submit(name: str, background: bool) -> threading.Thread:
-        def prepare(load):
-            order.append((name, sched.rounds))
-            return None  # no target rows: the pass ends at its prepare
-
-        t = threading.Thread(target=sched.run, args=(prepare, None), kwargs={"background": background})
-        t.start()
-        return t
-
     lock.acquire()
     try:
-        threads = [submit("preempt-a", True)]
-        # The engine thread took it and waits for the lock: the queue is empty again.
-        with sched._cond:
-            assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
-        threads += [submit("preempt-b", True), submit("ended-turn", False)]
+        threads = [_submit(sched, "preempt-a", order, background=True)]
+        _taken_by_the_engine(sched)
+        threads += [_submit(sched, "preempt-b", order, background=True),
+                    _submit(sched, "ended-turn", order, background=False)]
         assert sched.wait_until_waiting(2)
     finally:
         lock.release()
@@ -390,21 +403,12 @@ def test_a_queued_preemptive_pass_whose_turn_ends_goes_with_the_next_round():
     order: list[tuple[str, int]] = []
     still_preemptive = [True]
 
-    def submit(name: str, background) -> threading.Thread:
-        def prepare(load):
-            order.append((name, sched.rounds))
-            return None
-
-        t = threading.Thread(target=sched.run, args=(prepare, None), kwargs={"background": background})
-        t.start()
-        return t
-
     lock.acquire()
     try:
-        threads = [submit("other-call-a", False)]
-        with sched._cond:  # the engine thread took it and waits for the lock
-            assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
-        threads += [submit("kept-answer", lambda: still_preemptive[0]), submit("other-call-b", False)]
+        threads = [_submit(sched, "other-call-a", order)]
+        _taken_by_the_engine(sched)
+        threads += [_submit(sched, "kept-answer", order, background=lambda: still_preemptive[0]),
+                    _submit(sched, "other-call-b", order)]
         assert sched.wait_until_waiting(2)
         still_preemptive[0] = False  # the turn ended on the preempted audio
     finally:
@@ -423,32 +427,18 @@ def test_a_pass_whose_generation_is_cancelled_while_it_waits_is_not_run():
     """A queued pass is skipped, unrun, once its `skip` reads true (its generation was
     cancelled while it waited: a speech prefill a pause's start stopped); its caller gets
     PassSkipped and the pass beside it runs as usual."""
-    from llm.scheduler import PassScheduler, PassSkipped
+    from llm.scheduler import PassScheduler
 
     lock = threading.Lock()
     sched = PassScheduler(lock, gather_s=0.0)
-    ran: list[str] = []
-    outcome: dict[str, str] = {}
+    order: list[tuple[str, int | str]] = []
     cancelled = threading.Event()
-
-    def submit(name: str, **kw) -> threading.Thread:
-        def go():
-            try:
-                sched.run(lambda load: ran.append(name), None, **kw)
-                outcome[name] = "ran"
-            except PassSkipped:
-                outcome[name] = "skipped"
-
-        t = threading.Thread(target=go)
-        t.start()
-        return t
 
     lock.acquire()
     try:
-        threads = [submit("answer")]
-        with sched._cond:  # the engine thread took it and waits for the lock
-            assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
-        threads.append(submit("speech-prefill", background=True, skip=cancelled.is_set))
+        threads = [_submit(sched, "answer", order)]
+        _taken_by_the_engine(sched)
+        threads.append(_submit(sched, "speech-prefill", order, background=True, skip=cancelled.is_set))
         assert sched.wait_until_waiting(1)
         cancelled.set()  # a pause's start stopped the prefill
     finally:
@@ -456,7 +446,9 @@ def test_a_pass_whose_generation_is_cancelled_while_it_waits_is_not_run():
     for t in threads:
         t.join(30)
     try:
-        assert ran == ["answer"] and outcome == {"answer": "ran", "speech-prefill": "skipped"}
+        assert len(order) == 2  # one entry each: the skipped pass's prepare never ran
+        outcome = {name: "skipped" if r == "skipped" else "ran" for name, r in order}
+        assert outcome == {"answer": "ran", "speech-prefill": "skipped"}
         assert sched.skipped == 1 and sched.deferred == 0
     finally:
         sched.close()
@@ -475,8 +467,7 @@ def test_a_generation_cancelled_while_its_prefill_waits_ends_with_nothing_cached
         with sched.lock:  # the engine is busy
             t = threading.Thread(target=lambda: groups.extend(eng.stream(prompt, params, conv, cancel)))
             t.start()
-            with sched._cond:  # submitted, and taken by the engine thread that waits for the lock
-                assert sched._cond.wait_for(lambda: not sched._queue and sched._thread is not None, 30)
+            _taken_by_the_engine(sched)
             cancel.set()
         t.join(30)
         assert [(g.token_ids, g.finish_reason) for g in groups] == [((), "cancelled")]

@@ -21,7 +21,7 @@ def load_bench_config(args: argparse.Namespace, report_dir: Path):
         cfg = load_config("test")
         cfg = cfg.model_copy(update={
             "llm": cfg.llm.model_copy(update={"target": SMALL, "draft": None, "drafter": "ngram", "dtype": "int8",
-                                              "gamma": 4, "temperature": 0.0, "threads": args.threads or 1}),
+                                              "gamma": 4, "temperature": 0.0, "threads": agent_threads(args)}),
             "stt": cfg.stt.model_copy(update={"model": "whisper-tiny.en"}),
         })
     if args.stt_workers:
