@@ -66,8 +66,10 @@ class LLMResult:
     action: str | None = None
     action_reason: str | None = None
     fallback: bool = False
-    # When the turn first acted (a tool run, a plan acted on): from then on it cannot be
-    # taken back (stages/take_back.py), since what it did stays done.
+    # When the turn began to act (a tool run, a plan acted on): from then on it cannot be
+    # taken back (stages/take_back.py), since what it did stays done. None again once the
+    # act is known to have changed nothing (it only read the slots, asked for a name, or was
+    # refused: receptionist.tools.WRITES).
     acted_t: float | None = None
     # The hold line ([tools] hold_line, "One moment, please.") spoken when the model began a
     # tool call before saying anything: its monotonic time, None if not spoken.

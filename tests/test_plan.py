@@ -122,6 +122,28 @@ def test_act_transfer_and_end_call(store):
     assert (o.action, o.line) == ("end_call", "Goodbye.")
 
 
+def test_only_an_act_that_changed_something_stays_done(store):
+    """What a turn that acted may not take back (pipeline/stages/take_back.py): a booking,
+    a cancellation, a message, a transfer or hang-up to come; not a question or a refusal."""
+    box = ToolBox(store, "c")
+    said = ["I'm Ann Lee."]
+    assert not act(Plan("book", SLOTS[1], ""), box, "The Wednesday one.").stays_done  # asks the name
+    assert not act(Plan("message"), box, "What time is it?").stays_done  # asks whether to take one
+    assert not act(Plan("cancel", SLOTS[1], "Ann Lee"), box, "Cancel it.", said).stays_done  # none held
+    assert act(Plan("book", SLOTS[1], "Ann Lee"), box, "Book Wednesday.", said).stays_done
+    assert act(Plan("cancel", SLOTS[1], "Ann Lee"), box, "Cancel it.", said).stays_done
+    assert act(Plan("end_call"), box).stays_done
+
+
+async def test_a_plan_turn_that_only_asked_is_not_marked_acted_one_that_booked_is(store):
+    result, spoken = await turn(Recording([plan_line("book", slot=SLOTS[1], name="")]), ToolBox(store, "c"),
+                                caller="Can I book the Wednesday slot?")
+    assert spoken[-1].endswith("May I have your name?")
+    assert result.acted_t is None and store.bookings() == []
+    result, _ = await turn(Recording([plan_line("book", slot=SLOTS[1], name="Ann Lee")]), ToolBox(store, "c"))
+    assert result.acted_t is not None and len(store.bookings()) == 1
+
+
 def test_a_slot_taken_between_plan_and_booking_is_refused_and_another_offered(store):
     ToolBox(store, "other-call").run("book_slot", {"slot": SLOTS[0], "name": "Someone Else"})
     o = act(Plan("book", SLOTS[0], "Ann Lee"), ToolBox(store, "call-p"), CALLER)

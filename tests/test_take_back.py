@@ -142,13 +142,14 @@ def length_stt(audio: np.ndarray) -> str:
     return f"Book {len(audio)} samples"
 
 
-TOOL_CALL = '<tool_call>\n{"name": "check_slots", "arguments": {}}\n</tool_call>'
+TOOL_CALL = '<tool_call>\n{"name": "book_slot", "arguments": {"slot": "Tuesday 10:30", "name": "Ann Lee"}}\n</tool_call>'
+READ_CALL = '<tool_call>\n{"name": "check_slots", "arguments": {}}\n</tool_call>'
 
 
 class PlannedBackend(ScriptedBackend):
     """Each generation does the next thing of `plan`: "wait" says nothing until it is
-    cancelled (passes that do not finish before the caller goes on), "tool" calls a tool
-    before saying anything; past the plan, "We open at nine." Records each generation's
+    cancelled (passes that do not finish before the caller goes on), "tool" books a slot
+    before saying anything, "read" only reads the slots; past the plan, "We open at nine." Records each generation's
     messages and whether it ended cancelled."""
 
     def __init__(self, plan: list[str]):
@@ -166,7 +167,7 @@ class PlannedBackend(ScriptedBackend):
                 while cancel is None or not cancel.is_set():
                     await asyncio.sleep(0)  # the cancel may be a preemption's Stop: read, not awaited
             self.cancelled.append(step == "wait")
-            text = {"wait": "", "tool": TOOL_CALL}.get(step, "We open at nine.")
+            text = {"wait": "", "tool": TOOL_CALL, "read": READ_CALL}.get(step, "We open at nine.")
             yield TokenGroup((1,), text, 0, 0, finish_reason="cancelled" if step == "wait" else "eos")
         finally:
             self.closed += 1
@@ -249,6 +250,27 @@ async def test_a_turn_that_acted_is_answered_and_the_callers_words_are_a_barge_i
     assert load_report(call.report_path)["taken_back"] == []
     # What the tool did stays known to the model: its round is in the history.
     assert any(m.get("role") == "tool" for m in backend.asked[-1])
+
+
+async def test_a_turn_whose_tool_only_read_the_slots_is_still_taken_back(tmp_path):
+    """Reading the slots changes nothing: the caller who goes on is answered once, whole."""
+    backend, seen = PlannedBackend(["read", "wait"]), {}
+
+    async def tool_ran() -> None:
+        await seen["tool_result"].wait()
+
+    cfg = config(tmp_path, False, mode="silence")
+    cfg = cfg.model_copy(update={"tools": cfg.tools.model_copy(update={"enabled": True, "hold_line": ""})})
+    steps = [silence(0.3), tone(1.0), silence(1.3), tool_ran, tone(0.6), silence(1.3)]
+    call, _, _ = make_call(cfg, steps, backend, ScriptedSTT(length_stt), None, end_silence_s=1.0)
+    call.toolbox = tools = StubTools([])
+    seen["tool_result"] = on_kind(call, "tool_result")
+    await asyncio.wait_for(call.run(), 60)
+    data = load_report(call.report_path)
+    (turn,) = call.turns
+    assert tools.runs == 1 and turn.llm.acted_t is None  # the read only: the whole line got an answer
+    assert data["summary"]["taken_back"] == 1 and call.barge_ins == 0 and not turn.interrupted
+    assert data["taken_back"][0]["before_turn"] == 0
 
 
 class GateSTT(ScriptedSTT):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.receptionist.business import DAYS
+from pipeline.receptionist.tools import WRITES
 
 __all__ = ["ACTS", "ANSWER_LINE", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
            "parse_plan", "plan_grammar", "plan_prompt", "plan_slots"]
@@ -156,6 +157,13 @@ class Outcome:
     calls: list[Any] = field(default_factory=list)  # ToolOutcome of each tool run
     action: str | None = None  # "transfer" / "end_call": the call acts after this turn
     reason: str | None = None
+
+    @property
+    def stays_done(self) -> bool:
+        """Whether it changed something the caller would have to undo: a booking, a
+        cancellation or a message written, or a transfer or hang-up to come. Asking for a
+        name, reading the slots or a refusal changes nothing."""
+        return self.action is not None or any(c.ok and c.name in WRITES for c in self.calls)
 
 
 _WORD = r"[^\W\d_]+(?:['’-][^\W\d_]+)*"

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.receptionist.bookings import BookingError, BookingStore
 
-__all__ = ["TOOL_SCHEMAS", "TOOLS", "ToolBox", "ToolOutcome", "tool_schema"]
+__all__ = ["TOOL_SCHEMAS", "TOOLS", "ToolBox", "ToolOutcome", "WRITES", "tool_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,9 @@ TOOLS: dict[str, _Tool] = {t.name: t for t in (
 TOOL_SCHEMAS: list[dict] = [tool_schema(t.name, t.arguments) for t in TOOLS.values()]
 
 _ACTIONS: dict[str, Literal["transfer", "end_call"]] = {"transfer_to_human": "transfer", "end_call": "end_call"}
+# The tools that change the database: a turn whose call of one succeeded did something that
+# stays done (it is never taken back: pipeline/stages/take_back.py), as is an action to come.
+WRITES = frozenset({"book_slot", "cancel_booking", "take_message"})
 
 
 def _validation_message(name: str, exc: ValidationError) -> str:

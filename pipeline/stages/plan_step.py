@@ -208,4 +208,10 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
               for i, o in enumerate(outcome.calls))]
     if outcome.action is not None:
         result.action, result.action_reason = outcome.action, outcome.reason
+    if not outcome.stays_done:
+        # It asked (a name, which slot, whether to take a message) or was refused: nothing
+        # the caller would have to undo, so the turn may still be taken back when they go on
+        # (pipeline/stages/take_back.py; "... a cleaning for | next Tuesday morning" was
+        # answered as two turns because a plan that only asked for a name counted as acted).
+        result.acted_t = None
     answer.line(outcome.line)
