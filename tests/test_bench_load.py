@@ -32,6 +32,39 @@ def test_a_config_is_loaded_with_its_own_threads_as_serve_runs_it_unless_told():
     assert agent_threads(argparse.Namespace(threads=None, config=None)) == 1
 
 
+
+def test_staggered_callers_dial_in_order_each_after_its_delay():
+    """--stagger S: caller i dials i * S seconds after the first (the loop's timers order
+    them; nothing here depends on the machine's speed). Without it all dial at once."""
+    import asyncio
+
+    from bench.load.inprocess import dial_after
+
+    async def scenario(stagger: float) -> list[int]:
+        order: list[int] = []
+
+        def caller(i: int):
+            async def run() -> int:
+                order.append(i)
+                return i
+            return run
+
+        t0 = asyncio.get_running_loop().time()
+        results = await asyncio.gather(*(dial_after(i * stagger, caller(i)) for i in (3, 0, 2, 1)))
+        assert results == [3, 0, 2, 1]  # each caller's own result, in the caller's place
+        assert asyncio.get_running_loop().time() - t0 >= 3 * stagger  # the last waited its turn
+        return order
+
+    assert asyncio.run(scenario(0.01)) == [0, 1, 2, 3]
+    assert asyncio.run(scenario(0.0)) == [3, 0, 2, 1]  # no delay: dialled as started, at once
+
+
+@pytest.mark.parametrize("extra", [["--stagger", "-1"], ["--stagger", "1", "--soak", "5"],
+                                   ["--stagger", "1", "--spawn", "2"]])
+def test_stagger_takes_seconds_for_levels_in_process_only(extra, capsys):
+    assert main(["bench", "load", "--calls", "2", *extra]) == 2
+    assert "--stagger takes seconds >= 0" in capsys.readouterr().err
+
 def test_slope_per_min_is_least_squares_per_minute():
     assert slope_per_min([(0, 10.0), (60, 12.0), (120, 14.0)]) == pytest.approx(2.0)
     assert slope_per_min([(0, 5.0), (30, 5.0), (90, 5.0)]) == pytest.approx(0.0)

@@ -93,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Whisper transcriptions at once (stt.workers; default: the config's)")
     parser.add_argument("--max-new-tokens", type=int, default=40, help="LLM answer length cap (default 40)")
     parser.add_argument("--extra", type=int, default=1, help="callers over the limit that must get 503 (default 1)")
+    parser.add_argument("--stagger", type=float, default=0.0, metavar="S",
+                        help="seconds between one caller's dial and the next's (default 0: all at once, so their "
+                             "first lines end together, the burst the held verdict is judged on; in process only)")
     parser.add_argument("--level-timeout", type=float, default=300.0, help="seconds per level before giving up")
     parser.add_argument("--soak", type=float, metavar="SECONDS", help="repeat calls for this long instead of levels")
     parser.add_argument("--sample-s", type=float, default=5.0, help="soak: seconds between resource samples")
@@ -133,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.stagger < 0 or (args.stagger and (args.bridge or args.spawn or args.soak)):
+        print("specvoice bench load: --stagger takes seconds >= 0, for levels in this process (not with "
+              "--bridge, --spawn or --soak)", file=sys.stderr)
+        return 2
     if args.bridge or args.spawn:
         from bench.load.bridges import run_bridges
 
@@ -154,6 +161,7 @@ def _run(args: argparse.Namespace) -> int:
         "llm": {"target": cfg.llm.target, "draft": cfg.llm.draft, "drafter": cfg.llm.drafter, "dtype": cfg.llm.dtype,
                 "max_new_tokens": cfg.llm.max_new_tokens},
         "stt": cfg.stt.model, "stt_workers": cfg.stt.workers, "tts": cfg.tts.voice, "threads": threads_used(args, cfg), "turns_per_call": args.turns,
+        "stagger_s": args.stagger,
         "config": args.config or "built-in small (SmolLM2-135M int8 + whisper-tiny.en + Piper)",
         "models_load_s": round(load_s, 1),
     }

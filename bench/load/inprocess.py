@@ -58,6 +58,13 @@ async def dial_extra(url: str, token: str, count: int) -> list[int | str]:
     return refused
 
 
+async def dial_after(delay_s: float, dial):
+    """`dial()` once `delay_s` has passed (--stagger: caller i dials i * S seconds after the first)."""
+    if delay_s > 0:
+        await asyncio.sleep(delay_s)
+    return await dial()
+
+
 async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.Namespace, sampler: Sampler,
                     first_index: int = 0, server: dict | None = None) -> dict[str, Any]:
     """N callers at once; on a bridge of its own (max_calls = N), or on `server` (kept running)."""
@@ -78,10 +85,10 @@ async def run_level(cfg, models, lines_by_caller: list, n: int, args: argparse.N
     sampler.peak_mb = 0.0
     engine0 = engine_counters(models)
     t0 = time.monotonic()
-    tasks = [asyncio.create_task(c.run()) for c in callers]
+    tasks = [asyncio.create_task(dial_after(i * args.stagger, c.run)) for i, c in enumerate(callers)]
     try:
         # Once all N are in, the extra callers must be turned away at the handshake.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 30 + args.stagger * (n - 1)
         while bridge.active_calls < n and time.monotonic() < deadline and not all(t.done() for t in tasks):
             await asyncio.sleep(0.05)
         refused = await dial_extra(url, token, args.extra)
@@ -191,7 +198,8 @@ def run_in_process(args: argparse.Namespace, cfg, models) -> dict[str, Any]:
                 return {"soak": await soak(cfg, models, lines_by_caller, args, sampler)}
             levels = []
             for n in levels_n:
-                print(f"level N={n}: {n} callers x {args.turns} turns ...", flush=True)
+                apart = f", dialled {args.stagger:g} s apart" if args.stagger and n > 1 else ""
+                print(f"level N={n}: {n} callers x {args.turns} turns{apart} ...", flush=True)
                 lv = await run_level(cfg, models, lines_by_caller, n, args, sampler)
                 levels.append(lv)
                 for f in lv["failures"][:5]:
