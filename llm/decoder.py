@@ -67,7 +67,7 @@ ChoiceSteps = Generator[DraftStep, tuple[torch.Tensor, float], Choice]
 
 # Drafters whose offer costs no forward pass: asked every pass, their offers weighed by
 # the acceptance the controller learns for each (llm/drafters.py, llm/call_drafter.py).
-FREE_DRAFTERS = frozenset({"ngram", "call", "grammar"})
+FREE_DRAFTERS = frozenset({"ngram", "answers", "call", "grammar"})
 
 
 def draft_steps(drafters: list[Drafter], controller: GammaController, context: list[int], limit: int,

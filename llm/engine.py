@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llm.answer_memory import AnswerDrafter, AnswerMemory
 from llm.call_drafter import CallDrafter
 from llm.constrain import GrammarDrafter, Grammars
 from llm.decoder import Generation, Observe, Sequence, new_sequence, speculative_stream
@@ -122,6 +123,9 @@ class SpeculativeEngine:
     batch_drafts: bool = True  # the draft model's steps batched across conversations too
     # Torch threads of the engine thread (None: the constructing thread's, llm.threads.cores).
     threads: int | None = None
+    # The engine's recent answers, drafted from in every conversation (llm/answer_memory.py;
+    # with the n-gram drafter). Off (max_answers = 0) unless asked for: `load(answer_memory=N)`.
+    answers: AnswerMemory = field(default_factory=lambda: AnswerMemory(max_answers=0))
     _scheduler: PassScheduler | None = field(default=None, init=False, repr=False, compare=False)
     _grammars: Grammars | None = field(default=None, init=False, repr=False, compare=False)
     _end_ids: list[int] | None = field(default=None, init=False, repr=False, compare=False)
@@ -175,9 +179,12 @@ class SpeculativeEngine:
         cuda_graphs: bool | None = None,
         batched: bool = True,
         gather_s: float = 0.002,
+        answer_memory: int = 0,
     ) -> "SpeculativeEngine":
         """fixed_width / cuda_graphs: None picks the device's default (both on for CUDA,
-        both off for CPU). batched / gather_s: see the fields."""
+        both off for CPU). batched / gather_s: see the fields. answer_memory: how many of
+        the engine's recent answers the n-gram drafter may draft from (0: none;
+        llm/answer_memory.py)."""
         if drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
         if isinstance(gamma, int) and gamma < 0:
@@ -209,6 +216,7 @@ class SpeculativeEngine:
         )
         if calibrate and gamma == "auto" and drafter != "none":
             engine.calibrate()
+        engine.answers = AnswerMemory(max_answers=answer_memory)  # empty: nothing of the calibration
         return engine
 
     # ---- costs -------------------------------------------------------------------------
@@ -271,6 +279,8 @@ class SpeculativeEngine:
         drafters: list[Drafter] = []
         if self.drafter in ("ngram", "hybrid"):
             drafters.append(NgramDrafter(digits=self.digit_ids))
+            if self.answers.max_answers > 0:
+                drafters.append(AnswerDrafter(self.answers))
         if self.drafter in ("model", "hybrid") and self.draft is not None:
             gen = torch.Generator(device="cpu")
             gen.manual_seed(seed + 1 if seed is not None else int(time.time_ns() % 2**63))
@@ -440,10 +450,15 @@ class SpeculativeEngine:
         if guide is not None and drafters:
             # What the constraint forces is drafted first, for free (accepted with certainty).
             drafters = [GrammarDrafter(guide), *drafters]
+        written: list[int] = []
         with scheduler.active(), torch.inference_mode():
-            yield from speculative_stream(
-                self.target.model, conv.seq, prompt, drafters, conv.controller, detok, gen, stats
-            )
+            for group in speculative_stream(self.target.model, conv.seq, prompt, drafters, conv.controller, detok,
+                                            gen, stats):
+                written += group.token_ids
+                if group.finish_reason in ("eos", "stop", "length"):
+                    # A whole answer (not one cut short): later answers may draft from it.
+                    self.answers.add(prompt, written)
+                yield group
 
     def generate(self, prompt: list[int], params: SamplingParams, conversation: Conversation | None = None) -> tuple[list[int], list[TokenGroup], GenerationStats]:
         conv = conversation or self.new_conversation(params.seed)

@@ -93,7 +93,8 @@ def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | N
     draft = resolve_model(llm.draft) if llm.draft and drafter in ("model", "hybrid") else None
     return SpeculativeEngine.load(resolve_model(llm.target), draft, drafter=drafter,
                                   gamma=llm.gamma if gamma is None else gamma, max_gamma=llm.max_gamma,
-                                  device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens)
+                                  device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens,
+                                  answer_memory=llm.answer_memory)
 
 
 def endpoint_config(config: Config, end_of_turn_model: bool = False) -> EndpointConfig:
