@@ -63,7 +63,7 @@ class AnswerMemory:
     max_n: int = 4
     min_n: int = 2  # one token is no key across calls: " the" was followed by everything
     max_tokens: int = 256  # the first tokens of an answer only: a long one is cut here
-    _answers: deque = field(default_factory=deque)  # (serial, tokens) oldest first
+    _answers: deque = field(default_factory=deque)  # (serial, tokens, lead) oldest first
     _index: dict[tuple, _Entry] = field(default_factory=dict)
     _serial: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -80,21 +80,33 @@ class AnswerMemory:
         with self._lock:
             serial = self._serial
             self._serial += 1
-            self._answers.append((serial, tokens))
+            self._answers.append((serial, tokens, len(lead)))
             while len(self._answers) > self.max_answers:
-                self._answers.popleft()  # its keys go stale: lookups skip them (_tokens_of)
-            # Keys that end inside the answer (the last one has no continuation: not indexed).
-            for end in range(len(lead), len(tokens)):
-                for n in range(self.min_n, self.max_n + 1):
-                    if end - n < 0:
-                        continue
-                    key = tuple(tokens[end - n:end])
-                    old = self._index.get(key)
-                    ambiguous = False
-                    if old is not None:
-                        before = self._tokens_of(old.serial)
-                        ambiguous = old.ambiguous or before is None or before[old.end] != tokens[end]
-                    self._index[key] = _Entry(serial, end, ambiguous)
+                self._forget(*self._answers.popleft())
+            for key, end in self._keys(tokens, len(lead)):
+                old = self._index.get(key)
+                ambiguous = False
+                if old is not None:
+                    before = self._tokens_of(old.serial)
+                    ambiguous = old.ambiguous or before is None or before[old.end] != tokens[end]
+                self._index[key] = _Entry(serial, end, ambiguous)
+
+    def _keys(self, tokens: list[int], lead: int):
+        """(key, end) of every n-gram that ends inside the answer (after its `lead` prompt
+        tokens) and has a continuation."""
+        for end in range(lead, len(tokens)):
+            for n in range(self.min_n, self.max_n + 1):
+                if end - n >= 0:
+                    yield tuple(tokens[end - n:end]), end
+
+    def _forget(self, serial: int, tokens: list[int], lead: int) -> None:
+        """Drop an evicted answer's keys that still point at it, so that the index stays as
+        small as the answers kept (a server's memory does not grow with the calls it took).
+        Called with the lock held."""
+        for key, _ in self._keys(tokens, lead):
+            entry = self._index.get(key)
+            if entry is not None and entry.serial == serial:
+                del self._index[key]
 
     def _tokens_of(self, serial: int) -> list[int] | None:
         """An answer still kept, by serial (None once evicted). Called with the lock held."""

@@ -48,6 +48,25 @@ def test_an_evicted_answer_is_forgotten():
     assert len(off) == 0 and off.lookup([10, 11], 1) == ([], "")
 
 
+def test_the_index_stays_as_small_as_the_answers_kept():
+    """A server takes calls for weeks: an evicted answer's keys go with it."""
+    memory = AnswerMemory(max_answers=3)
+    sizes = []
+    for i in range(40):
+        memory.add(PROMPT, [1000 + 10 * i + j for j in range(8)])  # every answer its own tokens
+        sizes.append(len(memory._index))
+    assert sizes[-1] == sizes[2] and len(memory) == 3
+    assert memory.lookup([1390, 1391], 2) == ([1392, 1393], "answers2")  # the last answer's keys are kept
+    memory.add(PROMPT, [10, 11, 12])
+    memory.add(PROMPT, [10, 11, 13])
+    memory.add(PROMPT, [2000, 2001, 2002])
+    memory.add(PROMPT, [2010, 2011, 2012])  # [10, 11, 12] evicted: the key is [10, 11, 13]'s, kept
+    assert memory.lookup([10, 11], 1) == ([13], "answers2a")
+    memory.add(PROMPT, [2020, 2021, 2022])
+    assert memory.lookup([10, 11], 1) == ([], "")  # both evicted now
+    assert all(e.serial >= memory._answers[0][0] for e in memory._index.values())
+
+
 def test_the_drafter_names_its_source_per_key_length():
     memory = AnswerMemory(max_n=2, min_n=2)
     memory.add(PROMPT, [10, 11, 12])
