@@ -125,7 +125,7 @@ class SpeculativeEngine:
     threads: int | None = None
     # The engine's recent answers, drafted from in every conversation (llm/answer_memory.py;
     # with the n-gram drafter). Off (max_answers = 0) unless asked for: `load(answer_memory=N)`.
-    answers: AnswerMemory = field(default_factory=lambda: AnswerMemory(max_answers=0))
+    answers: AnswerMemory = field(default_factory=lambda: AnswerMemory(max_answers=0), repr=False, compare=False)
     _scheduler: PassScheduler | None = field(default=None, init=False, repr=False, compare=False)
     _grammars: Grammars | None = field(default=None, init=False, repr=False, compare=False)
     _end_ids: list[int] | None = field(default=None, init=False, repr=False, compare=False)
