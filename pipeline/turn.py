@@ -69,7 +69,7 @@ class LLMResult:
     # When the turn began to act (a tool run, a plan acted on): from then on it cannot be
     # taken back (stages/take_back.py), since what it did stays done. None again once the
     # act is known to have changed nothing (it only read the slots, asked for a name, or was
-    # refused: receptionist.tools.WRITES).
+    # refused: receptionist.tools.stays_done).
     acted_t: float | None = None
     # The hold line ([tools] hold_line, "One moment, please.") spoken when the model began a
     # tool call before saying anything: its monotonic time, None if not spoken.

@@ -232,8 +232,10 @@ async def test_with_take_back_off_the_caller_going_on_is_a_second_turn(tmp_path)
     assert load_report(call.report_path)["taken_back"] == []
 
 
-async def test_a_turn_that_acted_is_answered_and_the_callers_words_are_a_barge_in(tmp_path):
-    backend, seen = PlannedBackend(["tool", "wait"]), {}
+async def goes_on_after_a_tool(tmp_path, first: str):
+    """A call whose first turn runs a tool (`first`: "tool" books, "read" reads the slots) and
+    whose caller goes on once the tool's result is in; returns (call, backend, tools) after it."""
+    backend, seen = PlannedBackend([first, "wait"]), {}
 
     async def tool_ran() -> None:
         await seen["tool_result"].wait()
@@ -245,6 +247,11 @@ async def test_a_turn_that_acted_is_answered_and_the_callers_words_are_a_barge_i
     call.toolbox = tools = StubTools([])
     seen["tool_result"] = on_kind(call, "tool_result")
     await asyncio.wait_for(call.run(), 60)
+    return call, backend, tools
+
+
+async def test_a_turn_that_acted_is_answered_and_the_callers_words_are_a_barge_in(tmp_path):
+    call, backend, tools = await goes_on_after_a_tool(tmp_path, "tool")
     assert tools.runs == 1 and call.turns[0].llm.acted_t is not None
     assert len(call.turns) == 2 and call.turns[0].interrupted and call.barge_ins == 1
     assert load_report(call.report_path)["taken_back"] == []
@@ -254,21 +261,10 @@ async def test_a_turn_that_acted_is_answered_and_the_callers_words_are_a_barge_i
 
 async def test_a_turn_whose_tool_only_read_the_slots_is_still_taken_back(tmp_path):
     """Reading the slots changes nothing: the caller who goes on is answered once, whole."""
-    backend, seen = PlannedBackend(["read", "wait"]), {}
-
-    async def tool_ran() -> None:
-        await seen["tool_result"].wait()
-
-    cfg = config(tmp_path, False, mode="silence")
-    cfg = cfg.model_copy(update={"tools": cfg.tools.model_copy(update={"enabled": True, "hold_line": ""})})
-    steps = [silence(0.3), tone(1.0), silence(1.3), tool_ran, tone(0.6), silence(1.3)]
-    call, _, _ = make_call(cfg, steps, backend, ScriptedSTT(length_stt), None, end_silence_s=1.0)
-    call.toolbox = tools = StubTools([])
-    seen["tool_result"] = on_kind(call, "tool_result")
-    await asyncio.wait_for(call.run(), 60)
+    call, _, tools = await goes_on_after_a_tool(tmp_path, "read")
     data = load_report(call.report_path)
     (turn,) = call.turns
-    assert tools.runs == 1 and turn.llm.acted_t is None  # the read only: the whole line got an answer
+    assert tools.runs == 1 and turn.llm.acted_t is None  # the read only; the joined turn ran none
     assert data["summary"]["taken_back"] == 1 and call.barge_ins == 0 and not turn.interrupted
     assert data["taken_back"][0]["before_turn"] == 0
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.receptionist.business import DAYS
-from pipeline.receptionist.tools import WRITES
+from pipeline.receptionist.tools import stays_done
 
 __all__ = ["ACTS", "ANSWER_LINE", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
            "parse_plan", "plan_grammar", "plan_prompt", "plan_slots"]
@@ -163,7 +163,7 @@ class Outcome:
         """Whether it changed something the caller would have to undo: a booking, a
         cancellation or a message written, or a transfer or hang-up to come. Asking for a
         name, reading the slots or a refusal changes nothing."""
-        return self.action is not None or any(c.ok and c.name in WRITES for c in self.calls)
+        return self.action is not None or any(stays_done(c.name, c.ok, c.action) for c in self.calls)
 
 
 _WORD = r"[^\W\d_]+(?:['’-][^\W\d_]+)*"

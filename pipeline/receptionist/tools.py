@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.receptionist.bookings import BookingError, BookingStore
 
-__all__ = ["TOOL_SCHEMAS", "TOOLS", "ToolBox", "ToolOutcome", "WRITES", "tool_schema"]
+__all__ = ["TOOL_SCHEMAS", "TOOLS", "ToolBox", "ToolOutcome", "WRITES", "stays_done", "tool_schema"]
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +225,13 @@ _ACTIONS: dict[str, Literal["transfer", "end_call"]] = {"transfer_to_human": "tr
 # The tools that change the database: a turn whose call of one succeeded did something that
 # stays done (it is never taken back: pipeline/stages/take_back.py), as is an action to come.
 WRITES = frozenset({"book_slot", "cancel_booking", "take_message"})
+
+
+def stays_done(name: str | None, ok: bool, action: str | None) -> bool:
+    """Whether a tool run changed something the caller would have to undo: a booking, a
+    cancellation or a message written, or a transfer or hang-up to come. Reading the
+    slots, or a refused call, changes nothing (the plan step and the tool-call step alike)."""
+    return bool(ok) and (name in WRITES or action is not None)
 
 
 def _validation_message(name: str, exc: ValidationError) -> str:

@@ -19,7 +19,7 @@ its own turn, as before), while its answer is not yet heard, or heard for less t
 going on), and while it has not acted (a booking made stays made, so that turn is
 answered and the caller's words are a barge-in, as before). Reading the slots, asking for
 a name or a refused booking is not acting: nothing changed (`LLMResult.acted_t` is cleared
-once an act is known to have written nothing; receptionist.tools.WRITES). On a fast CPU
+once an act is known to have written nothing; receptionist.tools.stays_done). On a fast CPU
 the plan "book, no name yet" was acted on before the caller went on, and "I would like to
 book a cleaning for | next Tuesday morning" was answered as two turns. Taking it back stops the
 answer as a barge-in does (the speaker clears the output, the LLM stops between passes),

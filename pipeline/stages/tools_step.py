@@ -27,7 +27,7 @@ from typing import Any
 from llm.tool_calls import ToolCall, ToolCallFilter, ToolCallParse
 from pipeline.events import ToolCallRejected, ToolCallStarted, ToolResult
 from pipeline.ports import LLMBackend, ToolRunner
-from pipeline.receptionist.tools import TOOLS, WRITES
+from pipeline.receptionist.tools import TOOLS, stays_done
 from pipeline.stages.answer import AnswerStream
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ async def _run_round(said: str, parse: ToolCallParse, toolbox: ToolRunner, n: in
         content = entry["result"] if entry["ok"] else {"error": entry["error"]}
         step.append({"role": "tool", "tool_call_id": call_id, "name": call.name,
                      "content": json.dumps(content, ensure_ascii=False, default=str)})
-    if not any(c["ok"] and (c["name"] in WRITES or c["action"]) for c in result.tool_calls):
+    if not any(stays_done(c["name"], c["ok"], c["action"]) for c in result.tool_calls):
         result.acted_t = None  # only read (check_slots) or refused: nothing stays done (take_back.py)
     return step, ok_all
 
