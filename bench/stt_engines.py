@@ -32,6 +32,7 @@ class Engine:
     model: str
     kind: str  # "whisper" | "moonshine"
     window: str = "full"
+    grown: bool = False  # Moonshine heard the utterance grow first (below)
 
 
 ENGINES = (
@@ -40,7 +41,12 @@ ENGINES = (
     Engine("whisper-base / 30 s", "whisper-base", "whisper", "full"),
     Engine("whisper-base / audio+4 s", "whisper-base", "whisper", "audio"),
     Engine("moonshine-base", "moonshine-base-en", "moonshine"),
+    Engine("moonshine-base, drafted", "moonshine-base-en", "moonshine", grown=True),
 )
+# A grown utterance is transcribed as a call's turn is: its first 0.8, 1.6, ... s while the
+# caller speaks (turn.speech_prefill_ms), untimed, then the whole of it, timed; the decoder
+# drafts from the transcript of its longest beginning (voice/heard_before.py).
+GROWN_EVERY_S = 0.8
 
 
 def spoken_words(text: str) -> str:
@@ -112,7 +118,7 @@ def run_engines(args: argparse.Namespace) -> int:
         if e.kind == "whisper":
             loaded[e.name] = WhisperSTT(paths[e.model], cpu_threads=threads, window=e.window, workers=1)
         else:
-            loaded[e.name] = MoonshineSTT(paths[e.model], cpu_threads=threads)
+            loaded[e.name] = MoonshineSTT(paths[e.model], cpu_threads=threads, remember=32 if e.grown else 0)
     known = loaded["moonshine-base"].tokenizer.whole_words()
     matchers = {b: VocabularyMatcher(v, known_words=known) for b, v in BUSINESS_VOCABULARY.items()}
 
@@ -120,8 +126,11 @@ def run_engines(args: argparse.Namespace) -> int:
     items = {path: _items(line, tts) for path, line in paths_in.items()}
     for stt in loaded.values():  # warm-up: first calls allocate
         stt.transcribe(items["direct"][0][3])
-    rows: dict[str, list[dict]] = {e.name: [] for e in ENGINES}
-    rows["moonshine-base + vocabulary"] = []
+    rows: dict[str, list[dict]] = {}
+    for e in ENGINES:
+        rows[e.name] = []
+        if e.kind == "moonshine":
+            rows[f"{e.name} + vocabulary"] = []
     total = sum(len(v) for v in items.values()) * len(ENGINES)
     bar = tqdm(total=total, desc="bench voice --engines", unit="utt", file=sys.stderr)
     for path, its in items.items():
@@ -129,12 +138,17 @@ def run_engines(args: argparse.Namespace) -> int:
             prompt = WhisperPrompt.from_vocabulary(BUSINESS_VOCABULARY[business], "initial_prompt")
             for e in ENGINES:  # interleaved: each engine hears this utterance now
                 stt = loaded[e.name]
+                if e.grown:
+                    step = int(GROWN_EVERY_S * 16000)
+                    for n in range(step, len(audio), step):
+                        stt.transcribe_full(audio[:n])
                 r = stt.transcribe_full(audio, prompt=prompt) if e.kind == "whisper" else stt.transcribe_full(audio)
                 row = {"path": path, "set": set_name, "business": business, "ref": ref, "hyp": r.text,
-                       "audio_s": r.audio_s, "ms": 1000 * r.compute_s, "repetition_cut": r.repetition_cut}
+                       "audio_s": r.audio_s, "ms": 1000 * r.compute_s, "repetition_cut": r.repetition_cut,
+                       "drafted_tokens": r.drafted_tokens}
                 rows[e.name].append(row)
                 if e.kind == "moonshine":
-                    rows["moonshine-base + vocabulary"].append(
+                    rows[f"{e.name} + vocabulary"].append(
                         {**row, "hyp": matchers[business].correct(r.text)})
                 bar.update()
     bar.close()

@@ -20,7 +20,8 @@ def test_cost_is_a_least_squares_line():
 def test_every_engine_and_window_is_compared():
     names = {e.name for e in ENGINES}
     assert {"whisper-tiny.en / 30 s", "whisper-tiny.en / audio+4 s", "whisper-base / 30 s",
-            "whisper-base / audio+4 s", "moonshine-base"} == names
+            "whisper-base / audio+4 s", "moonshine-base", "moonshine-base, drafted"} == names
+    assert [e.name for e in ENGINES if e.grown] == ["moonshine-base, drafted"]  # heard as a call hears a turn
 
 
 def test_table_has_a_row_per_engine_and_path():

@@ -9,7 +9,9 @@ the `moonshine-cpp==0.1.4` wheel, converted once at `specvoice models pull`
 Decoding is greedy from `<s>` until `</s>`, under the same guards as Whisper's short
 window (voice/decode_guard.py): a token cap that follows the audio and a cut of trailing
 repetition loops. Moonshine takes no prompt: the business's words are put right after
-decoding by `voice.vocabulary.VocabularyMatcher` (when a vocabulary is given).
+decoding by `voice.vocabulary.VocabularyMatcher` (when a vocabulary is given). A turn
+transcribed again as it grows (the speech prefill, each pause) drafts the decoder from the
+transcript of its beginning, several tokens checked in one forward (voice/heard_before.py).
 
 onnxruntime's worker threads spin while they wait for work by default; on two shared
 cores that spinning takes the CPU from the LLM and the other STT (issue 26: 2 spinning
@@ -28,6 +30,7 @@ import numpy as np
 from voice.audio import STT_RATE, rms_dbfs
 from voice.decode_guard import max_new_tokens, repetition_keep
 from voice.errors import AudioFormatError, ModelFileMissingError, ModelLoadError, pull_hint_for
+from voice.heard_before import HeardBefore, next_guess
 from voice.moonshine_convert import CONVERTED_FILES, DECODER_FIRST, DECODER_WITH_PAST, ENCODER, TOKENIZER
 from voice.stt import ThreadedSTT, Transcript, stt_audio
 
@@ -92,10 +95,12 @@ class MoonshineSTT(ThreadedSTT):
     sample_rate = STT_RATE
 
     def __init__(self, model_path: str | Path, cpu_threads: int = 1, silence_dbfs: float = -55.0,
-                 vocabulary: Iterable[str] = ()):
+                 vocabulary: Iterable[str] = (), remember: int = 32):
         """cpu_threads: onnxruntime intra-op threads per transcription (several may run at
         once from different threads). vocabulary: the business's words and phrases,
-        matched onto what Moonshine heard (it takes no prompt); empty: none."""
+        matched onto what Moonshine heard (it takes no prompt); empty: none. remember: the
+        utterances kept as drafts for the decoder when their audio grows (a turn
+        transcribed again as the caller goes on, voice/heard_before.py); 0: none."""
         import onnxruntime as ort
 
         from voice.ort_options import sleeping_threads
@@ -103,6 +108,7 @@ class MoonshineSTT(ThreadedSTT):
 
         self.model_path = check_moonshine_dir(model_path)
         self.silence_dbfs = silence_dbfs
+        self.heard = HeardBefore(remember)
         self.tokenizer = MoonshineTokenizer(self.model_path / TOKENIZER)
         self.matcher = VocabularyMatcher(vocabulary, known_words=self.tokenizer.whole_words())
         options = sleeping_threads(cpu_threads)
@@ -126,26 +132,42 @@ class MoonshineSTT(ThreadedSTT):
 
     # -------------------------------------------------------------- sync
 
-    def generate(self, hidden: np.ndarray, max_tokens: int) -> list[int]:
-        """Greedy token ids (without <s> and </s>) for the encoder's states of one utterance."""
+    def generate(self, hidden: np.ndarray, max_tokens: int, draft: list[int] | None = None) -> tuple[list[int], int]:
+        """Greedy token ids (without <s> and </s>) for the encoder's states of one utterance,
+        and how many of them came from `draft` (an earlier transcript of the audio's
+        beginning, voice/heard_before.py): each with-past forward checks the token just
+        written and the draft's guess of what follows it, at once."""
         outputs = self.first.run(self._first_outputs, {"input_ids": np.array([[BOS]], np.int64),
                                                          "encoder_hidden_states": hidden})
         named = dict(zip(self._first_outputs, outputs))
         cache = {name: named[name.replace("past_key_values.", "present.")] for name in self._past_inputs}
         tokens: list[int] = []
-        logits = named["logits"]
-        for _ in range(max_tokens):
-            token = int(np.argmax(logits[0, -1]))
+        drafted = 0
+        row = named["logits"][0, -1]
+        while True:
+            token = int(np.argmax(row))
             if token == EOS:
                 break
             tokens.append(token)
             if len(tokens) == max_tokens:
                 break
-            outputs = self.with_past.run(self._past_outputs, {"input_ids": np.array([[token]], np.int64), **cache})
-            logits = outputs[0]
+            guess = next_guess(draft, tokens, max_tokens - len(tokens)) if draft else []
+            feed = [token, *guess]
+            outputs = self.with_past.run(self._past_outputs, {"input_ids": np.array([feed], np.int64), **cache})
+            logits = outputs[0][0]  # one row per token fed: row i predicts what follows feed[i]
+            taken = 0
+            while taken < len(guess) and int(np.argmax(logits[taken])) == guess[taken]:
+                taken += 1
+            tokens.extend(guess[:taken])
+            drafted += taken
+            keep = cache[self._past_inputs[0]].shape[2] + 1 + taken  # the cache up to the last token kept
             for name, value in zip(self._past_outputs[1:], outputs[1:]):
-                cache[name.replace("present.", "past_key_values.")] = value
-        return tokens
+                cache[name.replace("present.", "past_key_values.")] = (
+                    value if taken == len(guess) else np.ascontiguousarray(value[:, :, :keep]))
+            if len(tokens) >= max_tokens:
+                break
+            row = logits[taken]
+        return tokens, drafted
 
     def transcribe_full(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> Transcript:
         audio = stt_audio(audio, sample_rate, "Moonshine")
@@ -156,14 +178,21 @@ class MoonshineSTT(ThreadedSTT):
         if audio_s > MAX_AUDIO_S:
             raise AudioFormatError(f"Moonshine takes at most {MAX_AUDIO_S:.0f} s at once, got {audio_s:.1f} s: "
                                    f"split the audio (the endpointer's max utterance length)")
-        hidden = self.encoder.run(None, {"input_values": audio[None, :]})[0]
-        text = self.tokenizer.decode(self.generate(hidden, max_new_tokens(audio_s)))
+        draft, same = self.heard.draft_for(audio)
+        if same:  # this very audio again (a pause's, then its turn's end): the same transcript
+            ids, drafted = draft, len(draft)
+        else:
+            hidden = self.encoder.run(None, {"input_values": audio[None, :]})[0]
+            ids, drafted = self.generate(hidden, max_new_tokens(audio_s), draft)
+            self.heard.remember(audio, ids)
+        text = self.tokenizer.decode(ids)
         words = text.split()
         keep = repetition_keep(words)
         cut = keep < len(words)
         if cut:
             text = " ".join(words[:keep])
-        return Transcript(self.matcher.correct(text), audio_s, time.perf_counter() - t0, repetition_cut=cut)
+        return Transcript(self.matcher.correct(text), audio_s, time.perf_counter() - t0, repetition_cut=cut,
+                          drafted_tokens=drafted)
 
     def transcribe(self, audio: np.ndarray, sample_rate: int = STT_RATE) -> str:
         """Finished utterance (16 kHz mono float32) -> text ("" for silence)."""

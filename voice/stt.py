@@ -146,6 +146,7 @@ class Transcript:
     no_speech_prob: float = 0.0  # highest among kept segments (0 when none)
     prompt_dropped: bool = False  # the prompt was not trusted for this audio: decoded again without it
     repetition_cut: bool = False  # a trailing repetition loop was cut (window="audio")
+    drafted_tokens: int = 0  # Moonshine: tokens checked from an earlier transcript's draft (voice/heard_before.py)
 
     @property
     def rtf(self) -> float:
