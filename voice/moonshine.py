@@ -137,6 +137,8 @@ class MoonshineSTT(ThreadedSTT):
         and how many of them came from `draft` (an earlier transcript of the audio's
         beginning, voice/heard_before.py): each with-past forward checks the token just
         written and the draft's guess of what follows it, at once."""
+        if max_tokens <= 0:
+            return [], 0
         outputs = self.first.run(self._first_outputs, {"input_ids": np.array([[BOS]], np.int64),
                                                          "encoder_hidden_states": hidden})
         named = dict(zip(self._first_outputs, outputs))
