@@ -134,7 +134,7 @@ def test_a_turn_transcribed_as_it_grows_gets_the_same_words_in_fewer_forwards():
 
 
 @pytest.mark.models
-def test_a_wrong_draft_costs_forwards_not_words():
+def test_a_wrong_draft_leaves_the_words_as_they_were():
     """Another clip's transcript as the draft: the decoder refuses its tokens and writes its
     own (WER within a point of decoding without a draft over the clips)."""
     import jiwer
