@@ -321,11 +321,11 @@ class Call:
 
     def _reply(self, turn: Turn) -> Reply:
         cfg, tools = self.config.pipeline, self.config.tools
-        guard = turn_guard(self.guard, turn.user_text, turn.llm, self.toolbox,
-                           [user for user, _ in self.history.exchanges if user])
+        guard = turn_guard(self.guard, turn.user_text, turn.llm, self.toolbox, [u for u, _ in self.history.exchanges if u])
         return Reply.of(turn, params=self.params, splitter=SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
                         emit=self.events.emit, toolbox=self.toolbox, hold_line=tools.hold_line, guard=guard,
-                        plan=tools.plan, caller_text=turn.user_text, voice_first=getattr(self.backend, "voice_first", None))
+                        plan=tools.plan, caller_text=turn.user_text, greet_back=self.config.agent.greet_back,
+                        voice_first=getattr(self.backend, "voice_first", None))
 
     def _record(self, turn: Turn, heard: Transcript | None = None, keypad: KeypadEntry | None = None) -> None:
         """A finished turn: history gets what the caller heard, the report its entry, observers a TurnRecorded."""

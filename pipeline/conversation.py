@@ -98,7 +98,7 @@ class TextConversation:
             turn=len(self.turns), emit=lambda e: events.append((e.kind, time.monotonic(), e.as_dict())),
             toolbox=self.toolbox, hold_line=self.config.tools.hold_line if self.toolbox is not None else "",
             guard=turn_guard(self.guard, line, result, self.toolbox, [user for user, _ in self.history.exchanges if user]),
-            plan=self.config.tools.plan, caller_text=line))
+            plan=self.config.tools.plan, caller_text=line, greet_back=self.config.agent.greet_back))
         said = " ".join(result.sentences)
         # What the caller heard, as a call keeps it.
         self.history.add(line, said, result.tool_messages, result.written_if_heard(said))

@@ -82,3 +82,7 @@ class ToolRunner(Protocol):
     def run(self, name: str, arguments: str | dict) -> Any: ...  # -> ToolOutcome
 
     def open_slots(self) -> list[str] | None: ...  # the slots free now (the fact guard's check); None: no store
+
+    # The caller's booked slots (their name, or None -> slots): what the fact guard lets the
+    # agent say they have booked. A runner without it leaves those claims unjudged.
+    def callers_bookings(self, name: str | None = None) -> list[str]: ...

@@ -197,6 +197,8 @@ class CallReport:
             entry["hold_line"] = True  # the first sentence was the hold line, not the model's
         if llm.guarded:
             entry["guarded"] = list(llm.guarded)  # sentences the fact guard did not let through
+        if llm.cut_short:
+            entry["cut_short"] = llm.cut_short  # the unfinished sentence the token limit cut, not said
         if llm.plan is not None:
             entry["plan"] = llm.plan
         if llm.action is not None:

@@ -83,6 +83,9 @@ class LLMResult:
     # line before the answer): the history keeps it, so that the next prompt starts with
     # the tokens in the KV cache (`written_if_heard`).
     written: str = ""
+    # The sentence the token limit (max_new_tokens) cut before its end: not spoken ("They
+    # accept Delta Dental and Aet" was, before), kept here for the report.
+    cut_short: str = ""
 
     def written_if_heard(self, heard: str) -> str:
         """`written`, when the caller heard the answer whole and as the model wrote it (no
@@ -185,6 +188,7 @@ class Reply:
     hold_line: str = ""
     plan: bool = False
     caller_text: str = ""
+    greet_back: bool = False  # a `caller_text` that only greets is greeted back, not sent to the model
     # The fact guard (pipeline.receptionist.guard.TurnGuard): a model sentence -> what is
     # said instead (itself, another, or None: nothing); our own lines skip it.
     guard: Callable[[str], str | None] | None = None

@@ -121,12 +121,13 @@ class ConversationState:
 
 class ScriptedBackend:
     """An LLM backend: `groups` text deltas, `delay_s` apart; optionally raises after
-    `fail_after` groups. Records whether each stream was closed (cancelled or done)."""
+    `fail_after` groups; the last group's finish reason is `finish` ("length": the token
+    limit ended it). Records whether each stream was closed (cancelled or done)."""
 
     def __init__(self, groups: list[str] | None = None, *, delay_s: float = 0.0, fail_after: int | None = None,
-                 reply: Callable[[list[dict]], list[str]] | None = None):
+                 reply: Callable[[list[dict]], list[str]] | None = None, finish: str = "eos"):
         self.groups = groups if groups is not None else ["Hello. ", "We are open ", "nine to five."]
-        self.delay_s, self.fail_after, self.reply = delay_s, fail_after, reply
+        self.delay_s, self.fail_after, self.reply, self.finish = delay_s, fail_after, reply, finish
         self.started = asyncio.Event()
         self.opened = 0
         self.closed = 0
@@ -152,7 +153,7 @@ class ScriptedBackend:
                     return
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                yield TokenGroup((i,), text, 0, 0, finish_reason="eos" if i == len(groups) - 1 else None)
+                yield TokenGroup((i,), text, 0, 0, finish_reason=self.finish if i == len(groups) - 1 else None)
         finally:
             self.closed += 1
 

@@ -449,3 +449,87 @@ def test_the_callers_words_said_back_as_the_agents_claim_are_held_back(dental):
     assert turn("The immediate predecessors of the book were block books.") is not None  # five in a row at most
     assert turn.guarded == []
     assert dental.check(echo, Support.of(caller="What are your opening hours?")).ok  # not the caller's words
+
+
+# ---------------------------------------------------------------- the caller's name and question
+
+
+def check(guard: FactGuard, sentence: str, caller: str, earlier: tuple[str, ...] = ()):
+    return guard.check(sentence, Support.of(caller=caller, earlier=earlier))
+
+
+def test_saying_the_callers_name_rests_on_the_name_they_gave(dental):
+    said = ("Hi, my name is Robert.", "Are you open on Saturday?")
+    assert check(dental, "Your name is Robert.", "Can you tell me my name, please?", said).ok
+    assert check(dental, "Yes, Robert.", "Do you remember my name?", said).ok
+    # Seen with the 1.5B: the name was given two turns before.
+    v = check(dental, "I'm sorry, but I don't have your name.", "Can you tell me my name, please?", said)
+    assert not v.ok and v.correction == "Your name is Robert."
+    v = check(dental, "Your name is John.", "What's my name?", said)
+    assert not v.ok and "John" in v.why and v.correction == "Your name is Robert."
+    v = check(dental, "Your name is Robert Smith.", "What's my name?", said)  # more than was given
+    assert not v.ok and v.correction == "Your name is Robert."
+
+
+def test_with_no_name_given_none_is_said_and_not_having_it_is_true(dental):
+    said = ("Hi there.",)
+    assert check(dental, "I'm sorry, but I don't have your name.", "What's my name?", said).ok
+    v = check(dental, "Your name is John.", "What's my name?", said)
+    assert not v.ok and v.correction == "I don't think you've told me your name yet."
+    assert check(dental, "Your name is on the booking.", "Is my booking there?").ok  # no name said
+
+
+def test_a_bare_price_is_about_the_callers_question_not_their_introduction(dental):
+    caller = "Good morning, my name is Tom Baker. How much is a check-up?"
+    assert check(dental, "$59", caller).ok  # was held back: "not about baker, morn, name"
+    v = check(dental, "$89", caller)  # the cleaning's price, said for the check-up
+    assert not v.ok and v.correction == "Actually, the check-up is $59."
+    v = check(dental, "It's $89.", "How much is a check-up?")
+    assert not v.ok and v.correction == "Actually, the check-up is $59."
+    # A sentence that names its item is judged on it, whatever the caller asked.
+    assert not check(dental, "A root canal is $120.", "What do a cleaning and a root canal cost?").ok
+    assert check(dental, "A cleaning is $89.", "How much is a check-up?").ok
+
+
+def test_an_offer_is_judged_by_the_things_it_names_not_its_generic_words(dental):
+    caller = "Tell me everything about your practice."
+    # Held back before, and the fallback said in the middle of the answer.
+    assert check(dental, "We offer a wide range of services including cleaning, check-ups, whitening, and filling.",
+                 caller).ok
+    assert not check(dental, "We offer a wide range of services including braces.", caller).ok
+    v = check(dental, "We offer delivery services.", caller)
+    assert not v.ok and "delivery" in v.why and "services" not in v.why
+
+
+def test_what_the_caller_has_booked_is_what_the_database_holds_for_them(dental, tmp_path):
+    """The 1.5B told Ann Lee, whose booking had failed, "Your appointment is scheduled for
+    Tuesday 10:30 a.m. with Dr. Patel." (specvoice chat; the slot was Anne Lee's)."""
+    tuesday, friday = "Tuesday 10:30 a.m. with Dr. Patel", "Friday 9:00 a.m. with Dr. Patel"
+    store = open_store(tmp_path / "b.sqlite", open_slots=default_business().open_slots)
+    try:
+        store.book(tuesday, "Anne Lee", None, call_id="call-other")
+        box = ToolBox(store, "call-a")
+        said = ["Hi, I'm Ann Lee. I'd like to book a cleaning."]
+
+        def turn(caller: str) -> TurnGuard:
+            return TurnGuard(dental, caller, [], box.open_slots, said, box.callers_bookings)
+
+        claim = f"Your appointment is scheduled for {tuesday}."
+        assert turn("What time is my appointment?")(claim) == "I don't see a booking under Ann Lee."
+        assert box.run("book_slot", {"slot": friday, "name": "Ann Lee"}).ok
+        t = turn("What time is my appointment?")
+        assert t(claim) == f"Your booking is for {friday}."
+        t.said.clear()
+        assert t("Your appointment is on Friday at 9 a.m.") == "Your appointment is on Friday at 9 a.m."
+        assert t("You're booked for Friday at 9 a.m.") == "You're booked for Friday at 9 a.m."  # a turn later
+        # Under the caller's name from another call, any case: theirs too.
+        other = TurnGuard(dental, "Is my booking still on?", [], box.open_slots, ["my name is anne lee"],
+                          ToolBox(store, "call-b").callers_bookings)
+        assert other(f"Yes, your booking is for {tuesday}.") == f"Yes, your booking is for {tuesday}."
+        # A cancelled booking is none.
+        store.cancel("Ann Lee", slot=friday)
+        assert turn("Is it still on?")("Your appointment is on Friday at 9 a.m.") == "I don't see a booking under Ann Lee."
+        # No database behind the turn: nothing to judge it by.
+        assert TurnGuard(dental, "When is it?", [], None, said)(claim) == claim
+    finally:
+        store.close()

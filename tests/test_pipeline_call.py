@@ -462,8 +462,9 @@ async def test_silent_utterance_makes_no_llm_call(models, speech, tmp_path):
 async def test_llm_raising_ends_turn_and_report_records_error(models, speech, tmp_path):
     backend = SpyBackend(fail_after=1)
     source, sink = PushSource(realtime=False, tail_s=1.0), PacedSink()
-    call = Call.from_models(small_config(tmp_path), models, source, sink, backend=backend, stt=FixedSTT("Hello there."),
-                call_id="call-llm-error")
+    # A question: a line that only greets is greeted back without the model ([agent] greet_back).
+    call = Call.from_models(small_config(tmp_path), models, source, sink, backend=backend,
+                            stt=FixedSTT("Hello there, how much is a cleaning?"), call_id="call-llm-error")
     source.push(speech["price"])
     source.close()
     await asyncio.wait_for(call.run(), 30)

@@ -1170,6 +1170,28 @@ async def test_noise_with_an_empty_transcript_starts_no_llm(tmp_path):
     assert stt.calls == 1  # the turn reused the pause's (empty) transcript
 
 
+async def test_a_line_that_only_greets_starts_no_llm_and_is_greeted_back(tmp_path):
+    backend = ScriptedBackend(["Riverside Dental is at 42 Harbor Street."])
+    log: list = []
+    call, _, _ = make_call(config(tmp_path), [silence(0.3), tone(0.6), silence(2.0)], backend,
+                           ScriptedSTT("Hi, my name is Robert."), LengthModel(None), log)
+    await asyncio.wait_for(call.run(), 60)
+    assert [e["why"] for e in events(log, "preemptive_discarded")] == ["no_llm"]
+    assert backend.opened == 0 and call.transcripts.preemptor.llm_starts == 0
+    assert [t.agent_text for t in call.turns] == ["Hi Robert, how can I help you today?"]
+
+
+async def test_with_greet_back_off_a_greeting_is_the_models_to_answer(tmp_path):
+    cfg = config(tmp_path)
+    cfg = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"greet_back": False})})
+    backend = ScriptedBackend(["Hello Robert."])
+    call, _, _ = make_call(cfg, [silence(0.3), tone(0.6), silence(2.0)], backend,
+                           ScriptedSTT("Hi, my name is Robert."), LengthModel(None))
+    await asyncio.wait_for(call.run(), 60)
+    assert call.transcripts.preemptor.llm_starts == 1
+    assert [t.agent_text for t in call.turns] == ["Hello Robert."]
+
+
 # ---------------------------------------------------------------- (4) bounded restarts
 
 

@@ -25,6 +25,10 @@ asks whether the facts carry it:
   agreement     "Yes" / "Sure" / "That's right" to a caller's yes-no question or "..., right?"
                 claim agrees with the claim: the claim itself must pass the rules above,
                 and what it asks about must be in the facts ("Is there parking?").
+  caller's name "Your name is X" must be the name the caller gave in this call, and "I don't
+                have your name" is false once they gave one (pipeline/receptionist/caller.py):
+                the correction says the name.
+  markup        braces, angle brackets, [tags]: the plan's JSON written as an answer.
   echo          a statement that says back six or more of a caller's words in a row, about
                 nothing the facts, results or slots name (at most one of its topic words):
                 the caller's claim in the agent's voice ("The block-books were the immediate
@@ -49,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.ports import ToolRunner
+from pipeline.receptionist.caller import caller_name
 from pipeline.receptionist.business import DAYS, FALLBACK, BusinessConfig, _is_closed, day_hours
 
 __all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "claimed_actions", "normalize", "turn_guard"]
@@ -144,6 +149,15 @@ _RELATIVE = _words("today", "tonight", "tomorrow")
 _PART_OF_DAY = re.compile(r"\b(morning|afternoon|evening)s?\b")
 _PART_HOURS = {"morning": (0, 12), "afternoon": (12, 17), "evening": (17, 24)}
 _DOCTOR = re.compile(r"\bdr (\w+)")
+_MARKUP = re.compile(r"[{}<>]|\[/?\w+\]")
+# The agent says it lacks the caller's name ("I'm sorry, but I don't have your name").
+_NO_NAME = re.compile(r"\b(?:don't|do not|didn't|did not|haven't|have not|never|can't|cannot)\b(?: \w+){0,3}? "
+                      r"(?:have|know|catch|caught|get|got|gotten|hear|heard|been given|received|given|told|access)\b"
+                      r"[^.?!]*\byour (?:full )?name\b")
+_YOUR_NAME_IS = re.compile(r"\byour (?:full )?name is ([a-z][a-z' -]*)")
+# Words that end a name said after "your name is" ("your name is on the booking": no name).
+_NOT_NAME_WORDS = frozenset("""and or but so on in at for with under the a an not still what please if that
+    which as from by of to""".split())
 _NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|neither|nor|cannot|unfortunately|without)\b|n't\b")
 _HEDGE = re.compile(r"\b(?:not sure|don't know|do not know|can't confirm|cannot confirm|i'll check|let me check|"
                     r"i'd need to check|take a message|no information|don't have (?:that|any|information))")
@@ -380,13 +394,18 @@ class Support:
     days: set[int] = field(default_factory=set)  # weekdays results and slots name
     caller_digits: str = ""
     said_lines: list[list[str]] = field(default_factory=list)  # each caller line of the call, as words
+    name: str | None = None  # the name the caller gave in this call (receptionist/caller.py)
+    # The slots of the caller's active bookings in the database (ToolBox.callers_bookings);
+    # None: no database to ask, so what the agent says of them is not judged.
+    booked: list[str] | None = None
+    question: str = ""  # the caller's last question in this line (normalised), else the whole line
     # What the caller's yes-no question asks about that no fact names ("" none; None: not
     # looked at yet): FactGuard._unknown_subject fills it at its first sentence.
     asked: str | None = None
 
     @classmethod
     def of(cls, tool_calls: Iterable[dict] = (), slots: Sequence[str] | None = None, caller: str = "",
-           earlier: Iterable[str] = ()) -> "Support":
+           earlier: Iterable[str] = (), booked: Sequence[str] | None = None) -> "Support":
         results, done = [], set()
         for c in tool_calls:
             text = json.dumps({"result": c.get("result"), "error": c.get("error"), "arguments": c.get("arguments")},
@@ -396,11 +415,17 @@ class Support:
                 done.add(str(c["name"]))
         said = normalize(" ".join([*earlier, caller]))
         labels = [normalize(x) for x in slots or []]
-        lines = [(set(figures(t)), topic_words(t)) for t in [*results, *(f"open slot: {x}" for x in labels)]]
+        name = caller_name([*earlier, caller])
+        # The caller's name is a fact of the call: "Your name is Robert" rests on it.
+        told = [f"the caller's name: {normalize(name)}"] if name else []
+        lines = [(set(figures(t)), topic_words(t)) for t in [*results, *(f"open slot: {x}" for x in labels), *told]]
+        questions = [x for x in _said_sentences(normalize(caller)) if x.endswith("?")]
         return cls(results, done, None if slots is None else list(slots), normalize(caller),
                    set(_WORD.findall(said)), labels, lines, set().union(*(t for _, t in lines)),
                    {d for t in [*results, *labels] for d in _days_in(t)}, re.sub(r"\D", "", said),
-                   [_WORD.findall(normalize(x)) for x in [*earlier, caller] if x])
+                   [_WORD.findall(normalize(x)) for x in [*earlier, caller] if x], name=name,
+                   booked=None if booked is None else list(booked),
+                   question=questions[-1] if questions else normalize(caller))
 
 
 class FactGuard:
@@ -418,6 +443,10 @@ class FactGuard:
 
     def check(self, sentence: str, support: Support | None = None) -> Verdict:
         s = support or Support()
+        if _MARKUP.search(sentence):
+            # The plan's JSON written as the answer ('{"name": "<the caller's name>"}', bench
+            # quality h4-shop-no-name-followup): TTS would read its quotes and placeholder out.
+            return Verdict(False, "markup, not speech")
         norm = normalize(sentence)
         if not norm or norm in self._fallback_norm:
             return _OK
@@ -439,7 +468,8 @@ class FactGuard:
     # -- the rules
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
-        for rule in (self._actions, self._names, self._records, self._days, self._slots, self._prices, self._figures,
+        for rule in (self._callers_name, self._actions, self._callers_booking, self._names, self._records, self._days, self._slots, self._prices,
+                     self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
@@ -452,7 +482,9 @@ class FactGuard:
 
     def _figures(self, norm: str, s: Support) -> Verdict:
         lines = None
-        about = topic_words(norm) or topic_words(s.caller)
+        # What the figure is about: the sentence's words, else the caller's question's ("$59"
+        # to "Good morning, my name is Tom Baker. How much is a check-up?" is about the check-up).
+        about = topic_words(norm) or topic_words(s.question)
         items = self._priced_items(norm)
         for clause in _clauses(norm):
             if _NEGATION.search(clause):
@@ -481,7 +513,8 @@ class FactGuard:
             free = no_fee or bool(re.search(r"\bfree\b|\bno charge\b|\bcosts? nothing\b", clause))
             if not money and not free or _NEGATION.search(clause) and not no_fee:
                 continue
-            items = self._priced_items(clause)
+            # A price alone ("It's $89.") is the price of what the caller asked about.
+            items = self._priced_items(clause) or (self._priced_items(s.question) if not topic_words(norm) else [])
             if not items:
                 continue  # a figure about no priced item: the figure rule looks for it
             for fig in money:
@@ -597,6 +630,52 @@ class FactGuard:
                 return Verdict(False, why, _actually(self.book.said[i]))
         return _OK
 
+    def _callers_name(self, norm: str, s: Support) -> Verdict:
+        """What the agent says of the caller's name is what the caller said it is. The 1.5B
+        said "I'm sorry, but I don't have your name." to a caller who had given it."""
+        if _NO_NAME.search(norm):
+            if s.name:
+                return Verdict(False, f"says it does not have the caller's name, but they said it: {s.name}",
+                               f"Your name is {s.name}.")
+            return _OK
+        m = _YOUR_NAME_IS.search(norm)
+        if not m:
+            return _OK
+        said = []
+        for w in m.group(1).split()[:2]:
+            if w in _NOT_NAME_WORDS:
+                break
+            said.append(w)
+        if not said:
+            return _OK
+        known = set(normalize(s.name).split()) if s.name else s.caller_words
+        if all(w in known for w in said):
+            return _OK
+        if s.name:
+            return Verdict(False, f"calls the caller {' '.join(said).title()}, but they said {s.name}",
+                           f"Your name is {s.name}.")
+        return Verdict(False, f"calls the caller {' '.join(said).title()}, a name they did not give",
+                       "I don't think you've told me your name yet.")
+
+    def _callers_booking(self, norm: str, s: Support) -> Verdict:
+        """What the agent says the caller has booked is a booking the database holds for them
+        (made on this call, under their name, or from their line). The 1.5B told a caller
+        whose booking had failed (the slot was taken) "Your appointment is scheduled for
+        Tuesday 10:30 a.m. with Dr. Patel." (specvoice chat)."""
+        if s.booked is None:
+            return _OK
+        for clause in _clauses(norm):
+            m = _YOUR_BOOKING.search(clause)
+            if not m or _NEGATION.search(clause) or _CANCELLED.search(clause) or _fits_a_booking(clause, s.booked):
+                continue  # "your booking was cancelled" claims none: the action rule judges it
+            if s.booked:
+                return Verdict(False, "says the caller has a booking the database does not hold for them",
+                               ("Your booking is for " if len(s.booked) == 1 else "Your bookings are for ")
+                               + " and ".join(s.booked) + ".")
+            return Verdict(False, "says the caller has a booking, but the database holds none for them",
+                           f"I don't see a booking under {s.name}." if s.name else "I don't see a booking for you.")
+        return _OK
+
     def _names(self, norm: str, s: Support) -> Verdict:
         for name in _DOCTOR.findall(norm):
             if name not in self.book.people and not any(f"dr {name}" in r for r in s.results):
@@ -628,6 +707,8 @@ class FactGuard:
     def _actions(self, norm: str, s: Support) -> Verdict:
         for tool, pattern in _ACTIONS.items():
             m = pattern.search(norm)
+            if m and tool == "book_slot" and s.booked and _fits_a_booking(norm, s.booked):
+                continue  # "You're booked for Tuesday at 10:30", said a turn after it was booked
             if m and tool not in s.done and not _negated_before(norm, m.start()):
                 return Verdict(False, f"claims {_ACTION_WHAT[tool]}, but no {tool} succeeded this turn")
         m = _SLOT_TAKEN.search(norm)
@@ -707,6 +788,8 @@ class FactGuard:
         end = _ASKED_END.search(q, m.end() + 1)
         phrase = q[m.end():end.start() if end else len(q)]
         asked = topic_words(phrase) - _CALLER_WORDS - _NOT_A_SUBJECT
+        if re.search(r"\bmy (?:full )?name\b", phrase):
+            asked -= {"name"}  # the caller's own: what is said of it is the caller-name rule's
         unknown = sorted(asked - self._known_topics(s))
         return _as_said(unknown, phrase) if unknown and 2 * len(unknown) >= len(asked) else ""
 
@@ -718,8 +801,8 @@ _DAY_WORDS_RE = {i: re.compile(rf"\b{d.lower()}s?\b") for i, d in enumerate(DAYS
 _OFFER_VERBS = ("offer", "have", "provide", "sell", "carry", "serve", "accept", "take", "support", "available",
                 "order", "use")
 # Words a caller's yes-no question is made of that name nothing ("can I come in", "is there").
-_CALLER_WORDS = {_stem(w) for w in """visit person book booking appointment come able possible maybe think
-    thinking heard told someone friend said""".split()}
+_CALLER_WORDS = {_stem(w) for w in """visit person book booking appointment come able possible maybe think tell
+    remember recall forget spell thinking heard told someone friend said""".split()}
 # Questions whether something exists or is offered: a "yes" to them claims it.
 _EXISTS = re.compile(r"^(?:\w+ )?(?:do|does|can|will) (?:you|we|dr \w+|the \w+|it|they|he|she) (?:also )?(?:have|offer|do|sell|"
                      r"take|accept|carry|provide|serve|speak|support|ship|deliver|include|give|make|fix|repair)\b|"
@@ -733,8 +816,17 @@ _OBJECT_END = re.compile(r"\b(?:if|when|because|for|with|to|that|which|who|i|we|
 def _object_words(text: str) -> set[str]:
     """The thing a question or an offer is about: the words up to its first preposition or
     pronoun ("a store I can visit in person" -> store)."""
+    m = _EXAMPLES.search(text)
+    if m:  # "a wide range of services including cleaning": the cleaning is what is offered
+        text = text[m.end():]
     m = _OBJECT_END.search(text, 1)
-    return topic_words(text[: m.start()] if m else text) - _CALLER_WORDS - {_stem(w) for w in _OFFER_VERBS}
+    return topic_words(text[: m.start()] if m else text) - _CALLER_WORDS - _GENERIC - {_stem(w) for w in _OFFER_VERBS}
+
+
+_EXAMPLES = re.compile(r"\b(?:including|such as|namely|for example)\b")
+# Words of an offer that name no thing of their own ("a wide range of services").
+_GENERIC = {_stem(w) for w in """range ranges variety selection kind kinds type types sort sorts lot lots number service
+    services option options wide full""".split()}
 
 
 # A record's number ("order 48213"): five digits or more, standing alone.
@@ -850,6 +942,26 @@ def claimed_actions(text: str) -> list[str]:
             if (m := pattern.search(norm)) and not _negated_before(norm, m.start())]
 
 
+# The agent telling the caller what they have booked ("Your appointment is scheduled for
+# Tuesday", "You have a booking on Friday", "You're down for 9 a.m.").
+_YOUR_BOOKING = re.compile(
+    r"\byour (?:\w+ )?(?:appointment|booking|reservation)s? (?:is|was|are|has been|have been)\b|"
+    r"\byou (?:have|'ve got|have got|still have) (?:a|an|your|one) (?:\w+ )?(?:appointment|booking|reservation)\b|"
+    r"\byou(?:'re| are) (?:all )?(?:booked|scheduled|down|set) (?:for|on|at|in|with)\b")
+
+
+_CANCELLED = re.compile(r"\bcancel+(?:ed|led|ing)?\b")
+
+
+def _fits_a_booking(clause: str, booked: Sequence[str]) -> bool:
+    """A booked slot has every day, time and doctor the clause names (a clause naming none
+    fits any booking)."""
+    times, days, doctors = _TIME.findall(clause), _days_in(clause), _DOCTOR.findall(clause)
+    labels = [normalize(x) for x in booked]
+    return any(all(_has_figure(label, t) for t in times) and all(_DAY_WORDS_RE[d].search(label) for d in days)
+               and all(f"dr {d}" in label for d in doctors) for label in labels)
+
+
 def _negated_before(norm: str, at: int) -> bool:
     """A negation in the same clause before `at`: "I haven't booked", "nothing was cancelled"."""
     start = max(norm.rfind(c, 0, at) for c in ",;.")
@@ -874,11 +986,13 @@ class TurnGuard:
     fallback was said already this turn). `guarded` records every sentence held back."""
 
     def __init__(self, guard: FactGuard, caller: str = "", tool_calls: list[dict] | None = None,
-                 slots: Callable[[], Sequence[str] | None] | None = None, earlier: Sequence[str] = ()):
+                 slots: Callable[[], Sequence[str] | None] | None = None, earlier: Sequence[str] = (),
+                 bookings: Callable[[str | None], Sequence[str]] | None = None):
         self.guard = guard
         self.caller = caller
         self.tool_calls = tool_calls if tool_calls is not None else []  # live: filled by the tool step
         self.slots = slots or (lambda: None)
+        self.bookings = bookings  # the caller's name -> their booked slots (None: no database)
         self.earlier = list(earlier)
         self.guarded: list[dict] = []
         self.said: list[str] = []  # our replacements spoken this turn
@@ -893,7 +1007,11 @@ class TurnGuard:
                 slots = self.slots()
             except Exception:  # the database is down: judge against the configured slots
                 slots = None
-            self._support = Support.of(self.tool_calls, slots, self.caller, self.earlier)
+            try:
+                booked = None if self.bookings is None else self.bookings(caller_name([*self.earlier, self.caller]))
+            except Exception:  # ... and say nothing of the caller's bookings
+                booked = None
+            self._support = Support.of(self.tool_calls, slots, self.caller, self.earlier, booked)
         return self._support
 
     def __call__(self, sentence: str) -> str | None:
@@ -941,6 +1059,7 @@ def turn_guard(guard: FactGuard | None, caller: str, result: Any, toolbox: ToolR
     open slots at each look (the tool box's store). `result.guarded` becomes its record."""
     if guard is None:
         return None
-    turn = TurnGuard(guard, caller, result.tool_calls, toolbox.open_slots if toolbox is not None else None, earlier)
+    turn = TurnGuard(guard, caller, result.tool_calls, toolbox.open_slots if toolbox is not None else None, earlier,
+                     getattr(toolbox, "callers_bookings", None))
     result.guarded = turn.guarded  # the same list: filled as the turn is spoken
     return turn

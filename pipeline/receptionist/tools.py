@@ -264,6 +264,15 @@ class ToolBox:
         """The slots free now, as the booking store has them."""
         return self.store.open_slots()
 
+    def callers_bookings(self, name: str | None = None) -> list[str]:
+        """The slots of the active bookings this caller holds: made on this call, under
+        `name` (the name they gave, in any case), or from this line's caller ID. What the fact
+        guard lets the agent say they have booked."""
+        want = " ".join(name.casefold().split()) if name else None
+        return [b.slot for b in self.store.bookings(include_cancelled=False)
+                if b.call_id == self.call_id or (want and " ".join(b.name.casefold().split()) == want)
+                or (self.caller and b.caller == self.caller)]
+
     def run(self, name: str, arguments: str | dict | None) -> ToolOutcome:
         """Run one tool call. Never raises: every failure is an outcome with ok=False and a
         sentence the model can act on."""

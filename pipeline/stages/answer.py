@@ -8,6 +8,7 @@ respond.py do not import each other.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,9 @@ from pipeline.ports import LLMBackend
 from pipeline.turn import BargeIn, LLMResult, Reply
 
 __all__ = ["AnswerStream"]
+
+# A sentence that ends: its terminator, then any closing quotes or brackets.
+_ENDED = re.compile(r"[.!?…][\"'”’»)\]}]*\s*$")
 
 
 @dataclass
@@ -59,14 +63,14 @@ class AnswerStream:
         speakable text and what the filter held back."""
         self._before, self._live = self.backend.last_stats, True
         said, written = [], []
-        self.written = ""
+        self.written, finish = "", None
         try:
             async with contextlib.aclosing(self.backend.stream(messages, self.params, self.barge_in.event)) as stream:
                 async for group in stream:
                     self.reply.timeline.mark("first_token", min(group.timestamp, time.monotonic()))
                     self.result.groups += 1
                     if group.finish_reason:
-                        self.result.finish_reason = group.finish_reason
+                        self.result.finish_reason = finish = group.finish_reason
                     if not group.text or self.barge_in.fired:
                         continue
                     written.append(group.text)
@@ -84,7 +88,7 @@ class AnswerStream:
                 if not self.barge_in.fired:
                     said.append(self.say(tail))
             if not self.barge_in.fired:
-                self.flush()
+                self.flush(cut=finish == "length")
             self.written = "".join(written)
             return "".join(said), parse
         finally:
@@ -124,8 +128,14 @@ class AnswerStream:
                 self._hand(sentence)
         return text
 
-    def flush(self) -> None:
-        for sentence in self.reply.splitter.flush():
+    def flush(self, cut: bool = False) -> None:
+        """Hand on what the splitter holds. `cut`: the token limit ended the round, so an
+        unfinished last sentence is not spoken (LLMResult.cut_short), unless it is all the
+        turn has to say: a run-on answer beats silence."""
+        sentences = self.reply.splitter.flush()
+        if cut and sentences and not _ENDED.search(sentences[-1]) and (self.result.sentences or len(sentences) > 1):
+            self.result.cut_short = sentences.pop()
+        for sentence in sentences:
             self._hand(sentence)
 
     def line(self, sentence: str) -> None:

@@ -180,8 +180,12 @@ class Preemptor:
     def __init__(self, stt: SpeechToText, backend: LLMBackend, params: SamplingParams,
                  messages_for: Callable[[str], list[dict]], *, executor: Executor | None = None,
                  emit: Callable[[CallEvent], None] = lambda event: None, max_starts: int = MAX_STARTS_PER_TURN,
-                 first_round: Callable[[list[dict], str], tuple[list[dict], SamplingParams]] | None = None):
+                 first_round: Callable[[list[dict], str], tuple[list[dict], SamplingParams]] | None = None,
+                 needs_llm: Callable[[str], bool] | None = None):
         self.stt, self.backend, self.params = stt, backend, params
+        # transcript -> whether its turn would ask the model: a line the turn answers in our
+        # own words (a greeting, Reply.greet_back) starts no generation.
+        self.needs_llm = needs_llm or (lambda text: True)
         self.messages_for = messages_for  # transcript -> the messages its turn would send (runs in a thread)
         # (messages, transcript) -> what the turn's first round sends the backend: the
         # messages and params (a plan turn's prefilled line or grammar, stages/plan_step.py).
@@ -399,6 +403,9 @@ class Preemptor:
                 self.on_transcript(len(p.pause.audio), p.text)
             if not p.text:
                 self.discard("empty_transcript", p)  # noise: no LLM start
+                return
+            if not self.needs_llm(p.text):
+                self.discard("no_llm", p)  # "Hi, my name is Robert.": the turn greets back, no model
                 return
             t_stt = time.monotonic()
             if previous:

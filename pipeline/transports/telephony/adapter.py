@@ -119,6 +119,9 @@ class NoTransferLine:
     def open_slots(self) -> list[str] | None:
         return self.toolbox.open_slots()
 
+    def callers_bookings(self, name: str | None = None) -> list[str]:
+        return self.toolbox.callers_bookings(name)
+
     def run(self, name: str, arguments: str | dict) -> Any:
         outcome = self.toolbox.run(name, arguments)  # bad arguments are still reported as such
         if outcome.action != "transfer":

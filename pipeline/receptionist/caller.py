@@ -1,0 +1,86 @@
+"""What the caller has told us about themselves, read from their own words: their name,
+and whether a line only greets us.
+
+The 1.5B model does not keep either. Told "Hi, my name is Robert." it read out every fact
+of the business until its token limit, cut mid-word; asked two turns later "Can you tell
+me my name, please?", it said "I'm sorry, but I don't have your name." (specvoice chat,
+README "What the agent knows about the caller"). A system note with the name, placed in
+the conversation, made it answer the next question with the fallback. So the call keeps
+these facts in code: the fact guard knows the caller's name (guard.py, "caller's name"),
+and a line that only greets is greeted back without the model (stages/respond.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["caller_name", "greeting_reply", "only_greets"]
+
+_NAME_WORD = r"[^\W\d_][\w'’-]*"
+# "My name is Robert", "the name's Ann Lee", "call me Jo": what follows is the name,
+# whatever its case (an STT may write it in lower case).
+_NAME_IS = re.compile(rf"(?i:\b(?:my name is|my name's|the name is|the name's|name is|call me))\s+"
+                      rf"(?P<name>{_NAME_WORD}(?:\s+{_NAME_WORD})?)")
+# "This is Maria Lopez", "I'm Dana": only a capitalised word is a name ("this is about my
+# bill", "I'm calling about", "I am looking for").
+_THIS_IS = re.compile(rf"(?i:\b(?:this is|i'm|i am|i’m))\s+(?P<name>[A-Z][a-z'’-]+(?:\s+[A-Z][a-z'’-]+)?)")
+# Words that end a name said in lower case, or that are no name at all when capitalised.
+_NOT_NAME = frozenset("""
+and or but so i i'm calling call from with here speaking again please the a an by how what can could do does
+is are was were not just looking wondering interested sorry fine good okay ok well new sure trying hoping
+glad happy still also actually only going phone number at for to on in about regarding yes no my your
+monday tuesday wednesday thursday friday saturday sunday today tomorrow
+""".split())
+
+
+def _names_in(line: str) -> list[tuple[int, int, str]]:
+    """(start, end, name) of each name given in `line`: the phrase that gives it up to the
+    name's last word, and the name capitalised."""
+    out = []
+    for pattern in (_NAME_IS, _THIS_IS):
+        for m in pattern.finditer(line):
+            words, end = [], m.start("name")
+            for w in re.finditer(r"\S+", m.group("name")):
+                if w.group().casefold().strip("'’") in _NOT_NAME or re.search(r"['’]s$", w.group()):
+                    break  # a possessive is no name given: "this is Tuesday's slot"
+                words.append(w.group()[:1].upper() + w.group()[1:])
+                end = m.start("name") + w.end()
+            if words:
+                out.append((m.start(), end, " ".join(words)))
+    return sorted(out)
+
+
+def caller_name(lines: list[str]) -> str | None:
+    """The name the caller last gave in `lines` (their lines of the call, oldest first), or
+    None: "my name is X" / "call me X" in any case, "this is X" / "I'm X" when X is
+    capitalised; at most two words."""
+    for line in reversed(lines):
+        found = _names_in(line or "")
+        if found:
+            return found[-1][2]
+    return None
+
+
+_GREETING = re.compile(r"(?i:\b(?:hi|hello|hey|hiya|howdy|good (?:morning|afternoon|evening|day)|greetings)\b)")
+# Words a greeting may come with that say nothing ("Oh hi there, Robert here").
+_FILLER = re.compile(r"(?i:\b(?:there|again|everyone|um|uh|er|oh|well|so|speaking|here|calling)\b)")
+
+
+def only_greets(text: str) -> bool:
+    """The line is a greeting, an introduction, or both, and asks or says nothing else
+    ("Hi.", "Hello, this is Maria Lopez.", "Hi, my name is Robert."): there is nothing for
+    the model to answer. "Yes." is no greeting: it answers the agent."""
+    text = text or ""
+    rest, at = "", 0
+    for start, end, _ in _names_in(text):
+        if start >= at:
+            rest, at = rest + text[at:start] + " ", end
+    rest += text[at:]
+    greeted = rest != text
+    rest, n = _GREETING.subn(" ", rest)
+    return (greeted or n > 0) and not re.search(r"[^\W_]", _FILLER.sub(" ", rest))
+
+
+def greeting_reply(name: str | None) -> str:
+    """What the agent says back to a line that only greets: by first name when one was given."""
+    return f"Hi {name.split()[0]}, how can I help you today?" if name else "Hi, how can I help you today?"

@@ -1,0 +1,77 @@
+"""What the caller tells us about themselves (pipeline/receptionist/caller.py): the name they
+gave, a line that only greets, and the reply to it; and the reply as a turn says it (the
+respond stage, without the model)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from callfakes import ScriptedBackend
+from pipeline.receptionist.caller import caller_name, greeting_reply, only_greets
+from pipeline.stages.respond import respond
+from pipeline.timeline import TurnTimeline
+from pipeline.turn import LLMResult, Reply
+
+
+@pytest.mark.parametrize("lines, name", [
+    (["Hi, my name is Robert."], "Robert"),
+    (["Hello, this is Maria Lopez."], "Maria Lopez"),
+    (["Hi, I'm Dana. Do you do teeth whitening?"], "Dana"),
+    (["my name is ann lee and I need a cleaning"], "Ann Lee"),  # an STT in lower case
+    (["Hey, call me Jo."], "Jo"),
+    (["Good morning, my name is Tom Baker. How much is a check-up?"], "Tom Baker"),
+    (["Hi, my name is Robert.", "Sorry, my name is Bob."], "Bob"),  # the last one given
+    (["Hi, my name is Robert.", "Are you open on Saturday?"], "Robert"),
+    # No name: lower case after "I'm" / "this is", or a word that is no name.
+    (["Hi, I'm calling about my bill."], None),
+    (["This is about my booking."], None),
+    (["I am Looking for a dentist."], None),
+    (["This is Tuesday's slot, right?"], None),
+    ([], None),
+])
+def test_caller_name_is_the_name_the_caller_last_gave(lines, name):
+    assert caller_name(lines) == name
+
+
+@pytest.mark.parametrize("text", ["Hi.", "Hi there.", "Hello, this is Maria Lopez.", "Hi, my name is Robert.",
+                                  "Oh, hi, this is Priya Shah speaking.", "Good morning!", "Hey, call me Jo."])
+def test_a_greeting_or_an_introduction_alone_only_greets(text):
+    assert only_greets(text)
+
+
+@pytest.mark.parametrize("text", ["", "Yes.", "Okay.", "Hi, my name is Robert. Are you open on Saturday?",
+                                  "Hi, I'm Dana. Do you do teeth whitening?", "Hello, I'd like to book a cleaning.",
+                                  "Hi, I'm calling about my bill.", "my name is ann lee and I need a cleaning"])
+def test_a_line_that_asks_or_says_anything_else_does_not(text):
+    assert not only_greets(text)
+
+
+def test_the_greeting_back_names_the_caller_when_they_gave_a_name():
+    assert greeting_reply("Robert") == "Hi Robert, how can I help you today?"
+    assert greeting_reply("Maria Lopez") == "Hi Maria, how can I help you today?"  # the first name
+    assert greeting_reply(None) == "Hi, how can I help you today?"
+
+
+async def _reply_to(text: str, greet_back: bool, backend: ScriptedBackend) -> list[str]:
+    sentences: asyncio.Queue = asyncio.Queue()
+    await respond(backend, [{"role": "user", "content": text}],
+                  Reply(TurnTimeline(), llm=LLMResult(), sentences=sentences, caller_text=text, greet_back=greet_back))
+    spoken = []
+    while (s := sentences.get_nowait()) is not None:
+        spoken.append(s)
+    return spoken
+
+
+async def test_a_turn_that_only_greets_is_greeted_back_without_the_model():
+    backend = ScriptedBackend(["Riverside Dental is at 42 Harbor Street. ", "Our phone number is 555-0142."])
+    assert await _reply_to("Hi, my name is Robert.", True, backend) == ["Hi Robert, how can I help you today?"]
+    assert backend.opened == 0
+
+
+async def test_the_model_answers_a_greeting_when_greet_back_is_off_and_any_question_when_on():
+    backend = ScriptedBackend(["Hello! ", "How can I help?"])
+    assert await _reply_to("Hi, my name is Robert.", False, backend) == ["Hello!", "How can I help?"]
+    assert await _reply_to("Hi, my name is Robert. Are you open?", True, backend) == ["Hello!", "How can I help?"]
+    assert backend.opened == 2
