@@ -202,6 +202,16 @@ def test_booking_a_slot_the_caller_already_holds_books_nothing_again(store):
     assert len(store.bookings()) == 1
 
 
+def test_a_slot_the_caller_booked_on_an_earlier_call_is_theirs_not_taken(store):
+    """ "It's under Sam Reed, on Friday." (cancelling), planned as a move to Friday, was told
+    Friday "is no longer available" (specvoice chat): it is the caller's own booking."""
+    act(Plan("book", SLOTS[2], "Sam Reed"), ToolBox(store, "call-1"), "Book me Friday at 9, I'm Sam Reed.")
+    o = act(Plan("move", SLOTS[2], "Sam Reed"), ToolBox(store, "call-2"), "It's under Sam Reed, on Friday.",
+            ["I'd like to cancel my booking.", "It's under Sam Reed, on Friday."])
+    assert o.calls == [] and o.line == f"You have {SLOTS[2]} already, under the name Sam Reed."
+    assert [(b.slot, b.name) for b in store.bookings(include_cancelled=False)] == [(SLOTS[2], "Sam Reed")]
+
+
 @pytest.mark.parametrize("written, clean", [
     ("J O N N Y, Smythe, S M Y T H E", "Jonny Smythe"),
     ("Jonny, J-O-N-N-Y", "Jonny"),
@@ -388,6 +398,22 @@ async def test_an_answer_plan_keeps_its_line_for_the_history(store):
 ])
 def test_an_action_is_possible_only_when_the_caller_asks_for_it(caller, agent_before, acts):
     assert allowed_acts(caller, [caller], agent_before) == acts
+
+
+@pytest.mark.parametrize("earlier, caller, acts", [
+    # Choosing or naming the booking, turns after asking to book or cancel (specvoice chat:
+    # both were answered, with the services and with "the next available slot").
+    (["Hi, I'm Bo Chen. Can I book the Tuesday slot?", "Okay, what else do you have?"], "Wednesday then.",
+     ("answer", "book", "move", "cancel")),
+    (["Hello, this is Sam.", "I'd like to cancel my booking."], "It's under Sam Reed, on Friday.",
+     ("answer", "book", "move", "cancel")),
+    (["Can I book a cleaning?"], "The 9 a.m. one.", ("answer", "book", "move", "cancel")),
+    # A day named in a call that asked for nothing, or asked as a question: a question.
+    (["Are you open on Saturday?"], "And on Sunday.", ("answer",)),
+    (["Can I book a cleaning?"], "Are you open on Wednesday?", ("answer",)),
+])
+def test_a_day_or_time_named_after_asking_to_book_may_act(earlier, caller, acts):
+    assert allowed_acts(caller, [*earlier, caller], "I can help with cleaning, check-ups, whitening, and filling.") == acts
 
 
 def test_the_grammar_holds_only_the_acts_allowed():

@@ -225,6 +225,9 @@ _ASKS_TO_BOOK = re.compile(
 _AGREES = re.compile(
     r"\b(?:yes|yeah|yep|sure|ok|okay|alright|all right|please|great|perfect|fine|sounds good|works|"
     r"my name|name is|name's|the name)\b", re.IGNORECASE)
+# A day or a time of day, as a caller picks a slot ("Wednesday then", "the 9 a.m. one").
+_NAMES_A_TIME = re.compile(r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|tomorrow|morning|afternoon|"
+                           r"evening|\d{1,2}(?::\d\d)? ?(?:a\.?m\b\.?|p\.?m\b\.?|o'clock))", re.IGNORECASE)
 # The agent's last line asked the caller to choose or to give a name ("May I have your
 # name?", "Which would you like?"): a bare answer to it ("It's Marcus Brown.") completes a booking.
 _AGENT_ASKED = re.compile(r"\b(?:name|which|would you like|book|slot)\b[^.!]*\?", re.IGNORECASE)
@@ -248,7 +251,10 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     ANSWER_ONLY_GRAMMAR), and no slot is read (stages/plan_step.py).
 
     Booking acts: a booking word, or (not a question) an agreement or a name, or a bare
-    reply to the agent's question of a name or a choice. A message: asked for on this
+    reply to the agent's question of a name or a choice, or a day or time named in a call
+    whose caller asked to book, cancel or move before ("Wednesday then.", "It's under Sam
+    Reed, on Friday.": answered with the services and with "the next available slot for Sam
+    Reed", specvoice chat, where the caller was choosing and cancelling). A message: asked for on this
     line or the one before (as `act` checks). A transfer: a person asked for. Ending the
     call: a goodbye ("That's all, thank you"). Not any line without a question mark: STT
     drops them, and a misheard "Which dentists work at the clinic?" ("Which then this is
@@ -257,7 +263,8 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     question = "?" in caller_text
     acts = ["answer"]
     if _ASKS_TO_BOOK.search(caller_text) or (_ASKS_FOR_A_TABLE.search(caller_text) and not _CHECKS_A_CLAIM.search(
-            caller_text)) or (not question and (_AGREES.search(caller_text) or _AGENT_ASKED.search(agent_before))):
+            caller_text)) or (not question and (_AGREES.search(caller_text) or _AGENT_ASKED.search(agent_before) or (
+            _NAMES_A_TIME.search(caller_text) and any(_ASKS_TO_BOOK.search(x) for x in lines[:-1])))):
         acts += ["book", "move", "cancel"]
     if _ASKS_FOR_A_MESSAGE.search(" ".join([*lines[-2:], caller_text])):
         acts.append("message")
@@ -340,14 +347,14 @@ def _same_slot(a: str, b: str) -> bool:
     return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
 
 
-def _held(toolbox: Any, name: str) -> list[Any]:
+def _held(toolbox: Any, name: str, any_call: bool = False) -> list[Any]:
     """This call's active bookings under `name`: what a caller who changes their mind means
-    by "it" or "that"."""
+    by "it" or "that". `any_call`: those made on earlier calls too."""
     try:
         rows, call_id = toolbox.store.bookings(include_cancelled=False), toolbox.call_id
     except Exception:  # the database is down: book_slot will say so
         return []
-    return [b for b in rows if b.call_id == call_id and _same_slot(b.name, name)]
+    return [b for b in rows if (any_call or b.call_id == call_id) and _same_slot(b.name, name)]
 
 
 def _days_named(text: str) -> set[str]:
@@ -366,7 +373,9 @@ def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str]) -> Outco
     if not plan.name:
         return Outcome(f"I can book {plan.slot} for you. May I have your name?")
     held = _held(toolbox, plan.name)
-    if any(_same_slot(b.slot, plan.slot) for b in held):
+    if any(_same_slot(b.slot, plan.slot) for b in _held(toolbox, plan.name, any_call=True)):
+        # Theirs already, from this call or an earlier one ("It's under Sam Reed, on Friday",
+        # planned as a move to Friday, was told Friday "is no longer available": specvoice chat).
         return Outcome(f"You have {plan.slot} already, under the name {plan.name}.")
     moving = held if plan.act == "move" or _CHANGE.search(caller_text) else []
     arguments = {"slot": plan.slot, "name": plan.name}
