@@ -89,9 +89,10 @@ class AgentConfig(Section):
     # configs/default.toml; off here so that a config without [business] facts (an explicit
     # system_prompt) is not judged against the default business.
     guard: bool = False
-    # A caller's line that only greets ("Hi.", "Hello, this is Maria Lopez.") is greeted back
-    # in our words ("Hi Maria Lopez, how can I help you today?"), without the model: the 1.5B
-    # read every fact of the business out to "Hi, my name is Robert." (pipeline/receptionist/caller.py).
+    # A caller's line that only greets ("Hi.", "Hello, this is Maria Lopez.") and answers no
+    # question of the agent's is greeted back in our words ("Hi Maria, how can I help you
+    # today?"), without the model: the 1.5B read every fact of the business out to "Hi, my
+    # name is Robert." (pipeline/receptionist/caller.py).
     greet_back: bool = True
 
     def built_prompt(self, business: BusinessConfig) -> str:

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from callfakes import ScriptedBackend
-from pipeline.receptionist.caller import caller_name, greeting_reply, only_greets
+from pipeline.receptionist.caller import caller_name, greeting_reply, greets_only, only_greets
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import LLMResult, Reply
@@ -48,15 +48,29 @@ def test_a_line_that_asks_or_says_anything_else_does_not(text):
     assert not only_greets(text)
 
 
+def test_an_introduction_that_answers_the_agents_question_is_no_greeting():
+    """ "My name is Leo Hart." to "May I have your name?" completes a booking: it was greeted
+    back in the first version (specvoice chat, the bistro)."""
+    asked = [{"role": "user", "content": "I'd like a table for two."},
+             {"role": "assistant", "content": "I can book tomorrow 9:00 p.m. for you. May I have your name?"},
+             {"role": "user", "content": "My name is Leo Hart."}]
+    assert not greets_only("My name is Leo Hart.", asked)
+    opening = [{"role": "assistant", "content": "Luigi's Bistro, good evening! How can I help?"},
+               {"role": "user", "content": "My name is Leo Hart."}]
+    assert greets_only("My name is Leo Hart.", opening)
+    assert greets_only("Hi.", [{"role": "user", "content": "Hi."}])
+
+
 def test_the_greeting_back_names_the_caller_when_they_gave_a_name():
     assert greeting_reply("Robert") == "Hi Robert, how can I help you today?"
     assert greeting_reply("Maria Lopez") == "Hi Maria, how can I help you today?"  # the first name
     assert greeting_reply(None) == "Hi, how can I help you today?"
 
 
-async def _reply_to(text: str, greet_back: bool, backend: ScriptedBackend) -> list[str]:
+async def _reply_to(text: str, greet_back: bool, backend: ScriptedBackend, before: str = "") -> list[str]:
     sentences: asyncio.Queue = asyncio.Queue()
-    await respond(backend, [{"role": "user", "content": text}],
+    earlier = [{"role": "assistant", "content": before}] if before else []
+    await respond(backend, [*earlier, {"role": "user", "content": text}],
                   Reply(TurnTimeline(), llm=LLMResult(), sentences=sentences, caller_text=text, greet_back=greet_back))
     spoken = []
     while (s := sentences.get_nowait()) is not None:
@@ -74,4 +88,5 @@ async def test_the_model_answers_a_greeting_when_greet_back_is_off_and_any_quest
     backend = ScriptedBackend(["Hello! ", "How can I help?"])
     assert await _reply_to("Hi, my name is Robert.", False, backend) == ["Hello!", "How can I help?"]
     assert await _reply_to("Hi, my name is Robert. Are you open?", True, backend) == ["Hello!", "How can I help?"]
-    assert backend.opened == 2
+    assert await _reply_to("My name is Robert.", True, backend, "May I have your name?") == ["Hello!", "How can I help?"]
+    assert backend.opened == 3

@@ -7,14 +7,15 @@ me my name, please?", it said "I'm sorry, but I don't have your name." (specvoic
 README "What the agent knows about the caller"). A system note with the name, placed in
 the conversation, made it answer the next question with the fallback. So the call keeps
 these facts in code: the fact guard knows the caller's name (guard.py, "caller's name"),
-and a line that only greets is greeted back without the model (stages/respond.py).
+and a line that only greets, and answers no question of the agent's, is greeted back
+without the model (stages/respond.py).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["caller_name", "greeting_reply", "only_greets"]
+__all__ = ["agent_asked", "agent_before", "caller_name", "greeting_reply", "greets_only", "only_greets"]
 
 _NAME_WORD = r"[^\W\d_][\w'’-]*"
 # "My name is Robert", "the name's Ann Lee", "call me Jo": what follows is the name,
@@ -79,6 +80,33 @@ def only_greets(text: str) -> bool:
     greeted = rest != text
     rest, n = _GREETING.subn(" ", rest)
     return (greeted or n > 0) and not re.search(r"[^\W_]", _FILLER.sub(" ", rest))
+
+
+def agent_before(messages: list[dict]) -> str:
+    """The agent's last line before the caller's (what a bare "It's Marcus Brown." answers)."""
+    for m in reversed(messages[:-1]):
+        if m.get("role") == "user":
+            return ""
+        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"].strip():
+            return m["content"]
+    return ""
+
+
+# The agent's line asked the caller to choose or to give a name ("May I have your name?",
+# "Which would you like?"): the caller's next line answers it.
+_AGENT_ASKED = re.compile(r"\b(?:name|which|would you like|book|slot)\b[^.!]*\?", re.IGNORECASE)
+
+
+def agent_asked(agent_line: str) -> bool:
+    """The agent's line asked for a name or a choice."""
+    return bool(_AGENT_ASKED.search(agent_line))
+
+
+def greets_only(text: str, messages: list[dict]) -> bool:
+    """The turn's line only greets (`only_greets`) and answers no question of the agent's:
+    "My name is Leo Hart." after "May I have your name?" completes a booking (it was greeted
+    back, specvoice chat with the bistro)."""
+    return only_greets(text) and not agent_asked(agent_before(messages))
 
 
 def greeting_reply(name: str | None) -> str:

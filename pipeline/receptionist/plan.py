@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.receptionist.business import DAYS
+from pipeline.receptionist.caller import agent_asked
 from pipeline.receptionist.tools import stays_done
 
 __all__ = ["ACTS", "ANSWER_LINE", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
@@ -228,9 +229,6 @@ _AGREES = re.compile(
 # A day or a time of day, as a caller picks a slot ("Wednesday then", "the 9 a.m. one").
 _NAMES_A_TIME = re.compile(r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|tomorrow|morning|afternoon|"
                            r"evening|\d{1,2}(?::\d\d)? ?(?:a\.?m\b\.?|p\.?m\b\.?|o'clock))", re.IGNORECASE)
-# The agent's last line asked the caller to choose or to give a name ("May I have your
-# name?", "Which would you like?"): a bare answer to it ("It's Marcus Brown.") completes a booking.
-_AGENT_ASKED = re.compile(r"\b(?:name|which|would you like|book|slot)\b[^.!]*\?", re.IGNORECASE)
 # "Do you have a table for four tonight?": asking for a table is asking to book one; "So you
 # have a table for two at 7, right?" checks a claim (answered, bench quality).
 _ASKS_FOR_A_TABLE = re.compile(r"\btable for\b", re.IGNORECASE)
@@ -263,7 +261,7 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     question = "?" in caller_text
     acts = ["answer"]
     if _ASKS_TO_BOOK.search(caller_text) or (_ASKS_FOR_A_TABLE.search(caller_text) and not _CHECKS_A_CLAIM.search(
-            caller_text)) or (not question and (_AGREES.search(caller_text) or _AGENT_ASKED.search(agent_before) or (
+            caller_text)) or (not question and (_AGREES.search(caller_text) or agent_asked(agent_before) or (
             _NAMES_A_TIME.search(caller_text) and any(_ASKS_TO_BOOK.search(x) for x in lines[:-1])))):
         acts += ["book", "move", "cancel"]
     if _ASKS_FOR_A_MESSAGE.search(" ".join([*lines[-2:], caller_text])):

@@ -26,6 +26,7 @@ from llm.tool_calls import ToolCallParse
 from llm.types import Constraint, SamplingParams
 from pipeline.events import ToolResult
 from pipeline.ports import ToolRunner
+from pipeline.receptionist.caller import agent_before
 from pipeline.receptionist.plan import (ANSWER_LINE, ANSWER_ONLY_GRAMMAR, Outcome, act, allowed_acts, parse_plan,
                                         plan_grammar, plan_slots)
 from pipeline.stages.answer import AnswerStream
@@ -82,16 +83,6 @@ class PlanFilter:
         return "", ToolCallParse()
 
 
-def _agent_before(messages: list[dict]) -> str:
-    """The agent's last line before the caller's (what a bare "It's Marcus Brown." answers)."""
-    for m in reversed(messages[:-1]):
-        if m.get("role") == "user":
-            return ""
-        if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"].strip():
-            return m["content"]
-    return ""
-
-
 @dataclass
 class PlanRequest:
     """A plan turn's one generation: the messages and constraint it runs on, the acts the
@@ -110,7 +101,7 @@ def plan_request(messages: list[dict], caller_text: str, store, prefills: bool) 
     the turn may act). A pure function of the messages and the database: a preemptive
     start (stages/preempt.py) runs the very request its turn would, or is not kept."""
     callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
-    acts = allowed_acts(caller_text, callers or [caller_text], _agent_before(messages))
+    acts = allowed_acts(caller_text, callers or [caller_text], agent_before(messages))
     if acts == ("answer",):
         # Nothing the caller said asks for an action: the plan line is ours to write, not the
         # model's to choose. The prompt ends with it (a backend that prefills: the model

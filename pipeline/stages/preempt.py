@@ -181,11 +181,11 @@ class Preemptor:
                  messages_for: Callable[[str], list[dict]], *, executor: Executor | None = None,
                  emit: Callable[[CallEvent], None] = lambda event: None, max_starts: int = MAX_STARTS_PER_TURN,
                  first_round: Callable[[list[dict], str], tuple[list[dict], SamplingParams]] | None = None,
-                 needs_llm: Callable[[str], bool] | None = None):
+                 needs_llm: Callable[[list[dict], str], bool] | None = None):
         self.stt, self.backend, self.params = stt, backend, params
-        # transcript -> whether its turn would ask the model: a line the turn answers in our
-        # own words (a greeting, Reply.greet_back) starts no generation.
-        self.needs_llm = needs_llm or (lambda text: True)
+        # (messages, transcript) -> whether its turn would ask the model: a line the turn
+        # answers in our own words (a greeting, Reply.greet_back) starts no generation.
+        self.needs_llm = needs_llm or (lambda messages, text: True)
         self.messages_for = messages_for  # transcript -> the messages its turn would send (runs in a thread)
         # (messages, transcript) -> what the turn's first round sends the backend: the
         # messages and params (a plan turn's prefilled line or grammar, stages/plan_step.py).
@@ -404,9 +404,6 @@ class Preemptor:
             if not p.text:
                 self.discard("empty_transcript", p)  # noise: no LLM start
                 return
-            if not self.needs_llm(p.text):
-                self.discard("no_llm", p)  # "Hi, my name is Robert.": the turn greets back, no model
-                return
             t_stt = time.monotonic()
             if previous:
                 await asyncio.wait(previous)  # one piece of work at a time on the conversation
@@ -415,6 +412,9 @@ class Preemptor:
                 return
             messages = await loop.run_in_executor(self.executor, self.messages_for, p.text)
             if p.stop.is_set():
+                return
+            if not self.needs_llm(messages, p.text):
+                self.discard("no_llm", p)  # "Hi, my name is Robert.": the turn greets back, no model
                 return
             sent, p.params = await loop.run_in_executor(self.executor, self.first_round, messages, p.text)
             if p.stop.is_set():
