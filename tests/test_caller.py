@@ -36,12 +36,13 @@ def test_caller_name_is_the_name_the_caller_last_gave(lines, name):
 
 
 @pytest.mark.parametrize("text", ["Hi.", "Hi there.", "Hello, this is Maria Lopez.", "Hi, my name is Robert.",
-                                  "Oh, hi, this is Priya Shah speaking.", "Good morning!", "Hey, call me Jo."])
+                                  "Oh, hi, this is Priya Shah speaking.", "Good morning!", "Hey, call me Jo.",
+                                  "Thanks. My name is Ella, by the way."])
 def test_a_greeting_or_an_introduction_alone_only_greets(text):
     assert only_greets(text)
 
 
-@pytest.mark.parametrize("text", ["", "Yes.", "Okay.", "Hi, my name is Robert. Are you open on Saturday?",
+@pytest.mark.parametrize("text", ["", "Yes.", "Okay.", "Thanks.", "Thank you, bye.", "Hi, my name is Robert. Are you open on Saturday?",
                                   "Hi, I'm Dana. Do you do teeth whitening?", "Hello, I'd like to book a cleaning.",
                                   "Hi, I'm calling about my bill.", "my name is ann lee and I need a cleaning"])
 def test_a_line_that_asks_or_says_anything_else_does_not(text):

@@ -533,3 +533,26 @@ def test_what_the_caller_has_booked_is_what_the_database_holds_for_them(dental, 
         assert TurnGuard(dental, "When is it?", [], None, said)(claim) == claim
     finally:
         store.close()
+
+
+def test_a_waived_price_is_not_given_as_the_price_of_those_it_is_waived_for():
+    isp = FactGuard(business("isp"))
+    said = ("Hi, this is Priya. My internet is down.", "Can a technician come out? I'm on the Plus plan.")
+    # Seen with the 1.5B (specvoice chat): the visit is waived for Plus customers.
+    v = check(isp, "Priya, the cost of a technician visit for Plus and Gigabit customers is $49.",
+              "How much would that cost me?", said)
+    assert not v.ok and v.correction == "The technician visit is $49, waived for Plus and Gigabit customers."
+    assert check(isp, "A technician visit is $49, but it's waived for Plus and Gigabit customers.",
+                 "How much would that cost me?", said).ok
+    assert check(isp, "A technician visit is free for Plus and Gigabit customers.", "How much is a visit?").ok
+    assert check(isp, "For Basic customers a technician visit is $49.", "How much is a technician visit?").ok
+
+
+def test_a_sum_said_of_the_callers_record_must_be_on_its_line():
+    shop = FactGuard(business("shop"))
+    said = ("Hi, my name is Omar. Where is my order 48213?",)
+    # "Your order" is the one the caller named earlier; its line has no sum (specvoice chat).
+    v = check(shop, "Yes, your order was over $50, so shipping is free.", "My order was over 50 dollars, right?", said)
+    assert not v.ok and "$50" in v.why
+    assert check(shop, "Yes, shipping is free on orders over $50.", "Is shipping free?", said).ok
+    assert check(shop, "Your order shipped on Monday with UPS.", "Where is it?", said).ok

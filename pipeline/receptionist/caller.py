@@ -63,8 +63,10 @@ def caller_name(lines: list[str]) -> str | None:
 
 
 _GREETING = re.compile(r"(?i:\b(?:hi|hello|hey|hiya|howdy|good (?:morning|afternoon|evening|day)|greetings)\b)")
-# Words a greeting may come with that say nothing ("Oh hi there, Robert here").
-_FILLER = re.compile(r"(?i:\b(?:there|again|everyone|um|uh|er|oh|well|so|speaking|here|calling)\b)")
+# Words a greeting may come with that say nothing ("Oh hi there, Robert here", "Thanks. My
+# name is Ella, by the way.": answered with the fallback by the 1.5B, specvoice chat).
+_FILLER = re.compile(r"(?i:\b(?:there|again|everyone|um|uh|er|oh|well|so|speaking|here|calling|thanks|thank you|"
+                     r"by the way|nice to meet you)\b)")
 
 
 def only_greets(text: str) -> bool:

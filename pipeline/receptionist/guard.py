@@ -399,6 +399,7 @@ class Support:
     # None: no database to ask, so what the agent says of them is not judged.
     booked: list[str] | None = None
     question: str = ""  # the caller's last question in this line (normalised), else the whole line
+    records: list[str] = field(default_factory=list)  # record numbers the caller named in this call, in order
     # What the caller's yes-no question asks about that no fact names ("" none; None: not
     # looked at yet): FactGuard._unknown_subject fills it at its first sentence.
     asked: str | None = None
@@ -425,7 +426,8 @@ class Support:
                    {d for t in [*results, *labels] for d in _days_in(t)}, re.sub(r"\D", "", said),
                    [_WORD.findall(normalize(x)) for x in [*earlier, caller] if x], name=name,
                    booked=None if booked is None else list(booked),
-                   question=questions[-1] if questions else normalize(caller))
+                   question=questions[-1] if questions else normalize(caller),
+                   records=[x for line in [*earlier, caller] for x in _RECORD_ID.findall(normalize(line or ""))])
 
 
 class FactGuard:
@@ -528,6 +530,11 @@ class FactGuard:
                 return Verdict(False, f"{p.key} is not free ({p.value})",
                                f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
             for p in items:
+                if any(_has_figure(p.norm_value, fig) for fig in money) and _waived_said_as_paid(p.norm_value, clause):
+                    # "The cost of a technician visit for Plus and Gigabit customers is $49", said
+                    # to a Plus customer: the price of those it is waived for (specvoice chat, isp).
+                    return Verdict(False, f"gives the price of {p.key} to those it is waived for ({p.value})",
+                                   f"The {p.key} is {_end(p.value)}")
                 if any(_has_figure(p.norm_value, fig) for fig in money) and not _condition_said(p.norm_value, norm):
                     # "$49" for a visit "waived for Plus and Gigabit customers", said to a Plus
                     # customer (bench quality: isp-plus-technician): the price without its condition.
@@ -609,7 +616,8 @@ class FactGuard:
         The 1.5B said order 48213 was "being packed" (that is 48377), that 48377 "has
         shipped" (it ships tomorrow), that 48213 arrives Monday (it shipped Monday, arrives
         Thursday): bench quality."""
-        ids = _RECORD_ID.findall(norm) or _RECORD_ID.findall(s.caller)
+        ids = _RECORD_ID.findall(norm) or _RECORD_ID.findall(s.caller) or (
+            s.records[-1:] if _YOUR_RECORD.search(norm) else [])  # "your order": the one named in the call
         if not ids:
             return _OK
         for i, line in enumerate(self.book.lines):
@@ -621,6 +629,12 @@ class FactGuard:
                 if not re.search(rf"\b{status}\b", line) and not _negated_before(norm, m.start()):
                     why = f"says {status!r} of a record whose line does not"
                     break
+            for clause in _clauses(norm):
+                if why is None and (_YOUR_RECORD.search(clause) or any(re.search(rf"\b{x}\b", clause) for x in ids)):
+                    # "Yes, your order was over $50": a sum its line does not have (specvoice chat, shop).
+                    wrong = [fig for fig in _MONEY.findall(clause) if not _has_figure(line, fig)]
+                    if wrong:  # nothing to correct it with: the line does not know the sum
+                        return Verdict(False, f"says {wrong[0]} of a record whose line does not")
             arrives = {m.group(1) for m in _ARRIVAL_DAY.finditer(line)}
             if why is None and arrives:
                 wrong = [m.group(1) for m in _ARRIVAL_DAY.finditer(norm) if m.group(1) not in arrives]
@@ -829,6 +843,8 @@ _GENERIC = {_stem(w) for w in """range ranges variety selection kind kinds type 
     services option options wide full""".split()}
 
 
+# The caller's record, unnumbered ("your order was over $50"): the one they named in the call.
+_YOUR_RECORD = re.compile(r"\b(?:your|my) (?:order|package|parcel|delivery|shipment|account|ticket)\b")
 # A record's number ("order 48213"): five digits or more, standing alone.
 _RECORD_ID = re.compile(r"(?<![\w.-])(\d{5,})(?![\w-]|\.\d)")
 # A status said as done or under way ("has shipped", "being packed"), not as to come ("will be shipped").
@@ -871,6 +887,18 @@ def _condition_said(value: str, sentence: str) -> bool:
     if _CONDITIONAL.search(sentence) or re.search(r"\b(?:no charge|unless|except|otherwise)\b", sentence):
         return True
     return _names_condition(value[m.end():].split(",")[0], sentence)
+
+
+_WHO = {_stem(w) for w in "customer customers member members client clients user users people person".split()}
+
+
+def _waived_said_as_paid(value: str, clause: str) -> bool:
+    """A price "waived for X" said, in one clause, as the price for X: the clause names X
+    and says nothing of the waiver (nor "except", "unless", "only", "not")."""
+    m = re.search(r"\bwaived for (.*)", value)
+    if not m or not topic_words(m.group(1).split(",")[0]) - _WHO & topic_words(clause):
+        return False
+    return not re.search(r"\b(?:waiv\w*|free|no charge|except|unless|other than|only|not|non|without)\b|n't\b", clause)
 
 
 def _free(value: str, clause: str) -> bool:
