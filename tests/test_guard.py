@@ -20,7 +20,7 @@ from demo import BUSINESSES
 from pipeline.config import ToolsConfig
 from pipeline.receptionist.bookings import open_store
 from pipeline.receptionist.business import FALLBACK, BusinessConfig, default_business
-from pipeline.receptionist.guard import FactGuard, Support, TurnGuard, normalize
+from pipeline.receptionist.guard import FactGuard, Support, TurnGuard, normalize, topic_words
 from pipeline.sentences import split_sentences
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
@@ -556,3 +556,25 @@ def test_a_sum_said_of_the_callers_record_must_be_on_its_line():
     assert not v.ok and "$50" in v.why
     assert check(shop, "Yes, shipping is free on orders over $50.", "Is shipping free?", said).ok
     assert check(shop, "Your order shipped on Monday with UPS.", "Where is it?", said).ok
+
+
+def test_one_price_for_items_together_must_be_their_sum(dental):
+    caller = "How much is a cleaning and a whitening together?"
+    v = check(dental, "The price of a cleaning and a whitening together is $249.", caller)  # seen: the whitening's
+    assert not v.ok and v.correction == "The cleaning is $89, and the whitening is $249."
+    assert check(dental, "A cleaning and a whitening together come to $338.", caller).ok
+    assert check(dental, "A cleaning is $89 and a whitening is $249.", caller).ok
+
+
+def test_a_lowest_price_is_said_as_one(dental):
+    v = check(dental, "The cost of a filling is $120.", "I need a filling. How much is it exactly?")  # seen
+    assert not v.ok and v.correction == "The filling is from $120."
+    assert check(dental, "A filling starts at $120.", "How much is a filling?").ok
+    assert check(dental, "Fillings are from $120.", "How much is a filling?").ok  # a plural was no topic before
+
+
+@pytest.mark.parametrize("words", [("fillings", "filling", "fill"), ("services", "service"),
+                                   ("closes", "closed", "closing", "close"), ("deliveries", "delivery"),
+                                   ("boxes", "box"), ("prices", "price")])
+def test_a_words_forms_are_one_topic(words):
+    assert len({topic_words(w) for w in words}) == 1

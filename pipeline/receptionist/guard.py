@@ -203,11 +203,20 @@ _SLOT_TAKEN = re.compile(r"\b(?:already|just) (?:been )?(?:booked|taken)\b|\b(?:
 
 @functools.lru_cache(maxsize=8192)
 def _stem(word: str) -> str:
+    """One form for a word's plural, -ing, -ed and bare forms: "fillings", "filling" and
+    "fill" -> "fill"; "services", "service" -> "servic"; "closes", "closed", "close" ->
+    "clos". (It stripped one suffix before, so "fillings" -> "filling" missed "Price of
+    filling": "Fillings are from $120." was held back.)"""
     w = word.strip("'").removesuffix("'s")
-    for suffix in ("ing", "es", "s", "ed"):
+    if len(w) > 4 and w.endswith("ies"):
+        w = w[:-3] + "y"
+    elif len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        w = w[:-1]
+    for suffix in ("ing", "ed"):
         if len(w) > len(suffix) + 3 and w.endswith(suffix):
-            return w[: -len(suffix)]
-    return w
+            w = w[: -len(suffix)]
+            break
+    return w[:-1] if len(w) >= 4 and w.endswith("e") and not w.endswith("ee") else w
 
 
 @functools.lru_cache(maxsize=4096)
@@ -496,6 +505,8 @@ class FactGuard:
                     continue  # the caller's own number, said back
                 if fig.startswith("$") and any(_has_figure(p.norm_value, fig) for p in items):
                     continue  # the price of an item the sentence names (the price rule checks which)
+                if len(items) > 1 and _TOGETHER.search(clause) and fig == _sum(items):
+                    continue  # the items' prices added up ("together come to $338")
                 lines = lines if lines is not None else self._support_lines(s)
                 having = [topics for figs, topics in lines if fig in figs]
                 if not having:
@@ -519,6 +530,14 @@ class FactGuard:
             items = self._priced_items(clause) or (self._priced_items(s.question) if not topic_words(norm) else [])
             if not items:
                 continue  # a figure about no priced item: the figure rule looks for it
+            if len(money) == 1 and len(items) > 1 and _TOGETHER.search(clause):
+                if money[0] == _sum(items):
+                    continue  # "... together come to $338": the sum
+                # "The price of a cleaning and a whitening together is $249" (specvoice chat):
+                # one item's price given for both. Each price, as written, is true.
+                return Verdict(False, f"gives {money[0]} for {' and '.join(p.key for p in items)} together",
+                               ", and ".join(f"{'The' if i == 0 else 'the'} {p.key} is {p.value}"
+                                             for i, p in enumerate(items)) + ".")
             for fig in money:
                 if not any(_has_figure(p.norm_value, fig) for p in items) and not any(
                         _has_figure(r, fig) for r in s.results):
@@ -530,6 +549,12 @@ class FactGuard:
                 return Verdict(False, f"{p.key} is not free ({p.value})",
                                f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
             for p in items:
+                if p.norm_value.startswith("from ") and any(_has_figure(p.norm_value, fig) for fig in money) \
+                        and not _AT_LEAST.search(clause):
+                    # "The cost of a filling is $120." to "How much is it exactly?": the facts
+                    # say "from $120", a lowest price, not the price (specvoice chat).
+                    return Verdict(False, f"says {p.key}'s lowest price as its price ({p.value})",
+                                   f"The {p.key} is {_end(p.value)}")
                 if any(_has_figure(p.norm_value, fig) for fig in money) and _waived_said_as_paid(p.norm_value, clause):
                     # "The cost of a technician visit for Plus and Gigabit customers is $49", said
                     # to a Plus customer: the price of those it is waived for (specvoice chat, isp).
@@ -887,6 +912,21 @@ def _condition_said(value: str, sentence: str) -> bool:
     if _CONDITIONAL.search(sentence) or re.search(r"\b(?:no charge|unless|except|otherwise)\b", sentence):
         return True
     return _names_condition(value[m.end():].split(",")[0], sentence)
+
+
+# One figure for several items together ("a cleaning and a whitening together is $249").
+_TOGETHER = re.compile(r"\b(?:together|combined|in total|total|altogether|both|for the two|for the pair)\b")
+# A lowest price said as one ("from $120", "starting at $120", "at least $120").
+_AT_LEAST = re.compile(r"\b(?:from|start\w*|at least|minimum|upwards?|or more|and up|lowest|as little as)\b")
+
+
+def _sum(items: list[Price]) -> str | None:
+    """The items' prices added up, as "$N" (None: a price that is not one plain sum)."""
+    values = [re.fullmatch(r"\$(\d+(?:\.\d\d)?)", p.norm_value.strip().rstrip(".")) for p in items]
+    if not all(values):
+        return None
+    total = sum(float(m.group(1)) for m in values)
+    return f"${total:.2f}".removesuffix(".00")
 
 
 _WHO = {_stem(w) for w in "customer customers member members client clients user users people person".split()}
