@@ -24,6 +24,8 @@ from pipeline.turn import LLMResult, Reply
     (["Good morning, my name is Tom Baker. How much is a check-up?"], "Tom Baker"),
     (["Hi, my name is Robert.", "Sorry, my name is Bob."], "Bob"),  # the last one given
     (["Hi, my name is Robert.", "Are you open on Saturday?"], "Robert"),
+    (["Hello, I booked a check-up last week under Nora Bell. When is it?"], "Nora Bell"),
+    (["It's under Dr. Patel, I think."], None),
     # No name: lower case after "I'm" / "this is", or a word that is no name.
     (["Hi, I'm calling about my bill."], None),
     (["This is about my booking."], None),

@@ -578,3 +578,14 @@ def test_a_lowest_price_is_said_as_one(dental):
                                    ("boxes", "box"), ("prices", "price")])
 def test_a_words_forms_are_one_topic(words):
     assert len({topic_words(w) for w in words}) == 1
+
+
+def test_a_booking_told_in_other_words_is_judged_too(dental):
+    """ "Your check-up is scheduled for Wednesday at 2:15 p.m." to a caller with no booking
+    (specvoice chat): their name came from "under Nora Bell"."""
+    caller = "Hello, I booked a check-up last week under Nora Bell. When is it?"
+    v = dental.check("Your check-up is scheduled for Wednesday at 2:15 p.m. with Dr. Moreno.",
+                     Support.of(caller=caller, booked=[]))
+    assert not v.ok and v.correction == "I don't see a booking under Nora Bell."
+    assert dental.check("Your check-up is scheduled for Wednesday at 2:15 p.m. with Dr. Moreno.",
+                        Support.of(caller=caller, booked=["Wednesday 2:15 p.m. with Dr. Moreno"])).ok

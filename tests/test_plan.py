@@ -79,7 +79,7 @@ def test_plan_filter_speaks_only_the_answer_however_it_is_split():
     assert f.feed("We open ") + f.feed("at 8.") + f.finish()[0] == "We open at 8."
 
 
-CALLER = "Hi, this is Ann Lee, and my friend Cy wants to leave a message."
+CALLER = "Hi, this is Ann Lee: Tuesday at 10:30, please, and my friend Cy wants to leave a message."
 
 
 def test_act_books_cancels_takes_messages(store):
@@ -93,7 +93,7 @@ def test_act_books_cancels_takes_messages(store):
     assert not o.calls[0].ok and o.line.startswith("I couldn't find a booking")
     o = act(Plan("message", name="Cy", message="Call me about my filling"), box, CALLER)
     assert o.line.startswith("I've taken your message") and store.messages()[0].text == "Call me about my filling"
-    o = act(Plan("book", SLOTS[1], ""), box, CALLER)  # no name yet: ask, book nothing
+    o = act(Plan("book", SLOTS[0], ""), box, CALLER)  # no name yet: ask, book nothing
     assert o.calls == [] and "name" in o.line and store.bookings(include_cancelled=False) == []
 
 
@@ -164,7 +164,7 @@ def test_move_books_the_new_slot_then_cancels_the_one_this_call_made(store):
 
 def test_a_book_plan_said_with_change_words_moves_and_a_plain_second_one_adds(store):
     box = ToolBox(store, "call-m")
-    act(Plan("book", SLOTS[0], "Leo Martin"), box, "Leo Martin")
+    act(Plan("book", SLOTS[0], "Leo Martin"), box, "Tuesday, Leo Martin")
     act(Plan("book", SLOTS[1], "Leo Martin"), box, "And Wednesday too, please.", ["Leo Martin"])
     assert {b.slot for b in store.bookings(include_cancelled=False)} == {SLOTS[0], SLOTS[1]}
     # Two bookings under the name: which one to drop is the caller's to say.
@@ -186,7 +186,7 @@ def test_cancel_of_a_slot_not_held_said_with_a_preference_is_a_move(store):
 
 def test_a_refused_move_keeps_the_booking_the_caller_had(store):
     box = ToolBox(store, "call-m")
-    act(Plan("book", SLOTS[0], "Leo Martin"), box, "Leo Martin")
+    act(Plan("book", SLOTS[0], "Leo Martin"), box, "Tuesday, Leo Martin")
     ToolBox(store, "other").run("book_slot", {"slot": SLOTS[2], "name": "Someone Else"})
     o = act(Plan("move", SLOTS[2], "Leo Martin"), box, "Move me to Friday.", ["Leo Martin"])
     assert [c.name for c in o.calls] == ["book_slot"] and not o.calls[0].ok and o.line.startswith("Sorry,")
@@ -196,7 +196,7 @@ def test_a_refused_move_keeps_the_booking_the_caller_had(store):
 
 def test_booking_a_slot_the_caller_already_holds_books_nothing_again(store):
     box = ToolBox(store, "call-m")
-    act(Plan("book", SLOTS[2], "Ines Park"), box, "Ines Park")
+    act(Plan("book", SLOTS[2], "Ines Park"), box, "Friday, Ines Park")
     o = act(Plan("book", SLOTS[2], "Ines Park"), box, "Yes, Friday at 9 please, under Ines Park.")
     assert o.calls == [] and o.line == f"You have {SLOTS[2]} already, under the name Ines Park."
     assert len(store.bookings()) == 1
@@ -229,7 +229,7 @@ def test_a_spelled_name_is_booked_as_the_name_spelled(store):
     said = "Tuesday at 10:30, please. The name is Jonny, that's J O N N Y, Smythe, S M Y T H E."
     o = act(Plan("book", SLOTS[0], "J O N N Y, Smythe, S M Y T H E"), ToolBox(store, "c"), said)
     assert o.calls[0].ok and store.bookings()[0].name == "Jonny Smythe"
-    o = act(Plan("book", SLOTS[1], "Kai Barr"), ToolBox(store, "c"), "It's K A I, B A R R.")  # only spelled
+    o = act(Plan("book", SLOTS[1], "Kai Barr"), ToolBox(store, "c"), "Wednesday. It's K A I, B A R R.")  # only spelled
     assert o.calls[0].ok and store.bookings()[1].name == "Kai Barr"
 
 
@@ -262,7 +262,7 @@ def test_a_booking_keeps_the_phone_number_the_caller_gave(store):
     assert o.calls[0].ok and store.bookings()[0].phone == "555-0199"
 
 
-async def turn(backend, box, caller="Can I book that slot? I'm Ann Lee.", hold_line=""):
+async def turn(backend, box, caller="Can I book the Wednesday slot? I'm Ann Lee.", hold_line=""):
     sentences: asyncio.Queue = asyncio.Queue()
     result, events = LLMResult(), []
     await respond(backend, [{"role": "user", "content": caller}],
@@ -476,7 +476,8 @@ async def test_a_time_the_database_does_not_have_books_nothing_and_offers_the_op
 
 async def test_a_taken_slot_named_in_the_plan_is_refused_by_the_database(store):
     ToolBox(store, "other").run("book_slot", {"slot": SLOTS[0], "name": "Someone"})
-    result, spoken = await turn(Recording([plan_line("book", slot=SLOTS[0], name="Ann Lee")]), ToolBox(store, "c"))
+    result, spoken = await turn(Recording([plan_line("book", slot=SLOTS[0], name="Ann Lee")]), ToolBox(store, "c"),
+                                caller="Can I book the Tuesday slot? I'm Ann Lee.")
     assert not result.tool_calls[0]["ok"]
     assert spoken == [f"Sorry, {SLOTS[0]} was just taken. I can offer {SLOTS[1]}, or {SLOTS[2]}. Which would you like?"]
     assert [(b.slot, b.name) for b in store.bookings()] == [(SLOTS[0], "Someone")]
@@ -488,7 +489,7 @@ async def test_slot_taken_while_the_plan_is_written(store):
     other = ToolBox(store, "other-call")
     backend = Recording([plan_line("book", slot=SLOTS[0], name="Ann Lee")],
                         before_stream=lambda: other.run("book_slot", {"slot": SLOTS[0], "name": "Quick Caller"}))
-    result, spoken = await turn(backend, ToolBox(store, "c"))
+    result, spoken = await turn(backend, ToolBox(store, "c"), caller="Can I book the Tuesday slot? I'm Ann Lee.")
     assert SLOTS[0] == slot_rule(backend.params[0].constraint.text)[0]  # open when the turn began
     assert not result.tool_calls[0]["ok"] and "already booked" in result.tool_calls[0]["error"]
     assert spoken == [f"Sorry, {SLOTS[0]} was just taken. I can offer {SLOTS[1]}, or {SLOTS[2]}. Which would you like?"]
@@ -599,4 +600,34 @@ def test_a_slot_on_another_day_than_the_one_asked_for_is_offered_not_booked(stor
     friday = next(s for s in SLOTS if s.startswith("Friday"))
     said = ["Can I get an appointment on Monday at 9 a.m.? I'm Sara Lind."]
     assert act(Plan("book", friday, "Sara Lind"), box, "Alright, Friday at 9 then.", said + ["Alright, Friday at 9 then."]).calls[0].ok
-    assert act(Plan("book", SLOTS[0], "Ann Lee"), ToolBox(store, "d"), "The first one, please. I'm Ann Lee.").calls[0].ok
+    offered = "The open slots are: " + "; ".join(SLOTS) + ". Which would you like?"
+    assert act(Plan("book", SLOTS[0], "Ann Lee"), ToolBox(store, "d"), "The first one, please. I'm Ann Lee.",
+               agent_line=offered).calls[0].ok
+
+
+def test_a_slot_nobody_named_is_offered_not_booked(store):
+    """ "I'd like to book a cleaning." was booked into the first slot, and "Tell him I need to
+    move my appointment." (a message being given) into another (specvoice chat)."""
+    box = ToolBox(store, "c")
+    offer = "The open slots are: " + "; ".join(SLOTS) + ". Which would you like?"
+    o = act(Plan("book", SLOTS[0], "Ann Lee"), box, "Hi, I'm Ann Lee. I'd like to book a cleaning.")
+    assert o.calls == [] and o.line == offer and store.bookings() == []
+    o = act(Plan("move", SLOTS[1], "Carl"), box, "Tell him I need to move my appointment. My number is 555 0199.",
+            ["Hi, my name's Carl. I'd like to leave a message for Dr. Moreno."])
+    assert o.calls == [] and o.line == offer and store.bookings() == []
+    # Named by the caller (its day or its time), or offered in the agent's line they answer: booked.
+    assert act(Plan("book", SLOTS[0], "Ann Lee"), box, "The 10:30 one, please. I'm Ann Lee.").calls[0].ok
+    asked = f"I can book {SLOTS[1]} for you. May I have your name?"
+    assert act(Plan("book", SLOTS[1], "Bo Chen"), box, "Bo Chen.", ["Bo Chen."], agent_line=asked).calls[0].ok
+
+
+@pytest.mark.parametrize("caller", ["Hello, I booked a check-up last week under Nora Bell. When is it?",
+                                    "When is my appointment?", "Is my booking still on for Friday?"])
+def test_naming_a_booking_the_caller_has_is_a_question_not_a_request(caller):
+    assert allowed_acts(caller, [caller]) == ("answer",)  # the first was planned as a booking, and booked
+
+
+@pytest.mark.parametrize("caller", ["Can you cancel my appointment?", "I'd like to move my booking to Friday.",
+                                    "I want to book an appointment."])
+def test_asking_to_change_a_booking_still_may_act(caller):
+    assert "book" in allowed_acts(caller, [caller])

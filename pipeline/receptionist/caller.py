@@ -22,14 +22,15 @@ _NAME_WORD = r"[^\W\d_][\w'’-]*"
 # whatever its case (an STT may write it in lower case).
 _NAME_IS = re.compile(rf"(?i:\b(?:my name is|my name's|the name is|the name's|name is|call me))\s+"
                       rf"(?P<name>{_NAME_WORD}(?:\s+{_NAME_WORD})?)")
-# "This is Maria Lopez", "I'm Dana": only a capitalised word is a name ("this is about my
-# bill", "I'm calling about", "I am looking for").
-_THIS_IS = re.compile(rf"(?i:\b(?:this is|i'm|i am|i’m))\s+(?P<name>[A-Z][a-z'’-]+(?:\s+[A-Z][a-z'’-]+)?)")
+# "This is Maria Lopez", "I'm Dana", "(booked) under Nora Bell": only a capitalised word is a
+# name ("this is about my bill", "I'm calling about", "under my name").
+_THIS_IS = re.compile(rf"(?i:\b(?:this is|i'm|i am|i’m|under(?: the name)?))\s+"
+                      rf"(?P<name>[A-Z][a-z'’-]+(?:\s+[A-Z][a-z'’-]+)?)")
 # Words that end a name said in lower case, or that are no name at all when capitalised.
 _NOT_NAME = frozenset("""
 and or but so i i'm calling call from with here speaking again please the a an by how what can could do does
 is are was were not just looking wondering interested sorry fine good okay ok well new sure trying hoping
-glad happy still also actually only going phone number at for to on in about regarding yes no my your
+glad happy still also actually only going phone number at for to on in about regarding yes no my your dr
 monday tuesday wednesday thursday friday saturday sunday today tomorrow
 """.split())
 

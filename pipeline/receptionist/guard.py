@@ -1015,7 +1015,9 @@ def claimed_actions(text: str) -> list[str]:
 _YOUR_BOOKING = re.compile(
     r"\byour (?:\w+ )?(?:appointment|booking|reservation)s? (?:is|was|are|has been|have been)\b|"
     r"\byou (?:have|'ve got|have got|still have) (?:a|an|your|one) (?:\w+ )?(?:appointment|booking|reservation)\b|"
-    r"\byou(?:'re| are) (?:all )?(?:booked|scheduled|down|set) (?:for|on|at|in|with)\b")
+    r"\byou(?:'re| are) (?:all )?(?:booked|scheduled|down|set) (?:for|on|at|in|with)\b|"
+    # "Your check-up is scheduled for Wednesday" (a caller with no booking, specvoice chat)
+    r"\byour (?:\w+ ){1,3}(?:is|was|has been) (?:scheduled|booked|set|confirmed|reserved) (?:for|on|at|with)\b")
 
 
 _CANCELLED = re.compile(r"\bcancel+(?:ed|led|ing)?\b")

@@ -226,6 +226,19 @@ _ASKS_TO_BOOK = re.compile(
 _AGREES = re.compile(
     r"\b(?:yes|yeah|yep|sure|ok|okay|alright|all right|please|great|perfect|fine|sounds good|works|"
     r"my name|name is|name's|the name)\b", re.IGNORECASE)
+# A booking the caller already has ("I booked a check-up last week", "When is my
+# appointment?"): named to ask about it, not to ask for one. "Hello, I booked a check-up last
+# week under Nora Bell. When is it?" was planned as a booking, and booked (specvoice chat).
+_HAS_A_BOOKING = re.compile(r"\b(?:i|i've|i have|we|we've|we have|already)\s+(?:already\s+)?(?:booked|scheduled|reserved|"
+                            r"made)\b|\b(?:my|our|that|this)\s+(?:\w+\s+)?(?:booking|appointment|reservation)s?\b",
+                            re.IGNORECASE)
+
+
+def _asks_to_book(text: str) -> bool:
+    """A booking word in `text` that is not the caller naming a booking they have."""
+    return bool(_ASKS_TO_BOOK.search(_HAS_A_BOOKING.sub(" ", text)))
+
+
 # A day or a time of day, as a caller picks a slot ("Wednesday then", "the 9 a.m. one").
 _NAMES_A_TIME = re.compile(r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|tomorrow|morning|afternoon|"
                            r"evening|\d{1,2}(?::\d\d)? ?(?:a\.?m\b\.?|p\.?m\b\.?|o'clock))", re.IGNORECASE)
@@ -260,9 +273,9 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     lines = caller_lines if caller_lines is not None else [caller_text]
     question = "?" in caller_text
     acts = ["answer"]
-    if _ASKS_TO_BOOK.search(caller_text) or (_ASKS_FOR_A_TABLE.search(caller_text) and not _CHECKS_A_CLAIM.search(
+    if _asks_to_book(caller_text) or (_ASKS_FOR_A_TABLE.search(caller_text) and not _CHECKS_A_CLAIM.search(
             caller_text)) or (not question and (_AGREES.search(caller_text) or agent_asked(agent_before) or (
-            _NAMES_A_TIME.search(caller_text) and any(_ASKS_TO_BOOK.search(x) for x in lines[:-1])))):
+            _NAMES_A_TIME.search(caller_text) and any(_asks_to_book(x) for x in lines[:-1])))):
         acts += ["book", "move", "cancel"]
     if _ASKS_FOR_A_MESSAGE.search(" ".join([*lines[-2:], caller_text])):
         acts.append("message")
@@ -273,10 +286,13 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     return tuple(acts)
 
 
-def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str] | None = None) -> Outcome:
+def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str] | None = None,
+        agent_line: str = "") -> Outcome:
     """Do what `plan` asks through the call's ToolBox (pipeline/receptionist/tools.py; synchronous:
     run it in a thread) and say what the database did. Never raises. `caller_lines`: all
-    the caller said in this call (this turn's last); a name must come from them."""
+    the caller said in this call (this turn's last); a name must come from them, and a
+    booked slot must be one the caller chose (named in them, or offered in `agent_line`,
+    the agent's line before this turn)."""
     store = toolbox.store
     lines = caller_lines if caller_lines is not None else [caller_text]
     if plan.name:
@@ -285,7 +301,7 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str]
     if plan.act in ("book", "move", "cancel") and plan.slot == OTHER_SLOT:
         return Outcome(_not_a_slot(store, "cancel" if plan.act == "cancel" else "book"))
     if plan.act in ("book", "move"):
-        return _book(plan, toolbox, caller_text, lines)
+        return _book(plan, toolbox, caller_text, lines, agent_line)
     if plan.act == "cancel":
         if not plan.name:
             return Outcome("What name is the booking under?")
@@ -359,7 +375,7 @@ def _days_named(text: str) -> set[str]:
     return {d for d in DAYS if re.search(rf"\b{d}s?\b", text, re.IGNORECASE)}
 
 
-def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str]) -> Outcome:
+def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str], agent_line: str = "") -> Outcome:
     """Book `plan.slot`; for a move (or a second booking asked for with "actually",
     "instead"...), cancel the booking this call made under the name, after the new one
     succeeded, so that a refused slot leaves the caller what they had."""
@@ -368,6 +384,11 @@ def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str]) -> Outco
         # The caller asked for a day the slot is not on ("Monday at 9", no Monday slot):
         # the 1.5B planned the nearest slot there is (bench tools); offer, do not book.
         return Outcome(_not_a_slot(toolbox.store, "book"))
+    if not _chosen(plan.slot, [*lines, caller_text], agent_line):
+        # "I'd like to book a cleaning." was booked into the first slot, and "Tell him I need
+        # to move my appointment." (a message) into another (specvoice chat): a slot the
+        # caller did not name, nor was offered, is offered, not booked.
+        return Outcome(_offer(toolbox.store))
     if not plan.name:
         return Outcome(f"I can book {plan.slot} for you. May I have your name?")
     held = _held(toolbox, plan.name)
@@ -390,6 +411,28 @@ def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str]) -> Outco
     if not c.ok:
         return Outcome(f"{booked[0].upper() + booked[1:]} Your booking for {moving[0].slot} is still there.", [o, c])
     return Outcome(f"Your booking for {c.result['slot']} is cancelled, and {booked}", [o, c])
+
+
+def _chosen(slot: str, caller_lines: list[str], agent_line: str) -> bool:
+    """The caller chose `slot`: its day or its time is in their words this call, or in the
+    agent's line they answer ("I can book Wednesday 2:15 p.m. for you. May I have your name?")."""
+    said = " ".join([*caller_lines, agent_line]).casefold()
+    day = slot.split()[0].casefold() if slot.split() else ""
+    time_ = re.search(r"\d{1,2}(?::\d\d)?", slot)
+    hour = time_.group(0).removesuffix(":00") if time_ else None
+    return bool(day and re.search(rf"\b{re.escape(day)}", said)) or bool(
+        hour and re.search(rf"(?<![\d:]){re.escape(hour)}(?![\d])", said))
+
+
+def _offer(store: Any) -> str:
+    """The open slots, to choose from (or a message, when none is open)."""
+    try:
+        slots = store.open_slots()
+    except Exception:  # the database is down: book_slot would say so; offer nothing we cannot stand behind
+        slots = []
+    if not slots:
+        return "Sorry, no slot is open right now. I can take a message instead."
+    return "The open slots are: " + "; ".join(slots) + ". Which would you like?"
 
 
 def _not_a_slot(store: Any, act_: str) -> str:

@@ -176,7 +176,8 @@ async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRun
         return
     t = result.acted_t = time.monotonic()
     try:
-        outcome = await asyncio.to_thread(act, parse.plan, toolbox, caller_text, callers or [caller_text])
+        outcome = await asyncio.to_thread(act, parse.plan, toolbox, caller_text, callers or [caller_text],
+                                          agent_before(messages))
     except Exception as exc:  # act never raises by design; a turn must survive if it does
         log.exception("plan act %s failed", parse.plan.act)
         outcome = Outcome("Sorry, I couldn't do that just now. I can take a message instead.")
