@@ -589,3 +589,9 @@ def test_a_booking_told_in_other_words_is_judged_too(dental):
     assert not v.ok and v.correction == "I don't see a booking under Nora Bell."
     assert dental.check("Your check-up is scheduled for Wednesday at 2:15 p.m. with Dr. Moreno.",
                         Support.of(caller=caller, booked=["Wednesday 2:15 p.m. with Dr. Moreno"])).ok
+
+
+def test_a_name_the_caller_corrected_is_theirs(dental):
+    said = ("Hi, my name is Robert.", "Actually, it's Rob, not Robert.")
+    assert check(dental, "Your name is Rob.", "What's my name?", said).ok
+    assert not check(dental, "Your name is Bob.", "What's my name?", said).ok

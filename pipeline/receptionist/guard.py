@@ -479,9 +479,8 @@ class FactGuard:
     # -- the rules
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
-        for rule in (self._callers_name, self._actions, self._callers_booking, self._names, self._records, self._days, self._slots, self._prices,
-                     self._figures,
-                     *(() if question else (self._offers,))):
+        for rule in (self._callers_name, self._actions, self._callers_booking, self._names, self._records, self._days,
+                     self._slots, self._prices, self._figures, *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
                 return v
@@ -687,8 +686,8 @@ class FactGuard:
             said.append(w)
         if not said:
             return _OK
-        known = set(normalize(s.name).split()) if s.name else s.caller_words
-        if all(w in known for w in said):
+        # Any name the caller said counts: "Actually, it's Rob, not Robert." is theirs to give.
+        if all(w in s.caller_words for w in said):
             return _OK
         if s.name:
             return Verdict(False, f"calls the caller {' '.join(said).title()}, but they said {s.name}",

@@ -229,9 +229,9 @@ _AGREES = re.compile(
 # A booking the caller already has ("I booked a check-up last week", "When is my
 # appointment?"): named to ask about it, not to ask for one. "Hello, I booked a check-up last
 # week under Nora Bell. When is it?" was planned as a booking, and booked (specvoice chat).
-_HAS_A_BOOKING = re.compile(r"\b(?:i|i've|i have|we|we've|we have|already)\s+(?:already\s+)?(?:booked|scheduled|reserved|"
-                            r"made)\b|\b(?:my|our|that|this)\s+(?:\w+\s+)?(?:booking|appointment|reservation)s?\b",
-                            re.IGNORECASE)
+_HAS_A_BOOKING = re.compile(
+    r"\b(?:i|i've|i have|we|we've|we have|already)\s+(?:already\s+)?(?:booked|scheduled|reserved|made)\b|"
+    r"\b(?:my|our|that|this)\s+(?:\w+\s+)?(?:booking|appointment|reservation)s?\b", re.IGNORECASE)
 
 
 def _asks_to_book(text: str) -> bool:
@@ -265,8 +265,8 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     reply to the agent's question of a name or a choice, or a day or time named in a call
     whose caller asked to book, cancel or move before ("Wednesday then.", "It's under Sam
     Reed, on Friday.": answered with the services and with "the next available slot for Sam
-    Reed", specvoice chat, where the caller was choosing and cancelling). A message: asked for on this
-    line or the one before (as `act` checks). A transfer: a person asked for. Ending the
+    Reed", specvoice chat, where the caller was choosing and cancelling). A message: asked
+    for on this line or the one before (as `act` checks). A transfer: a person asked for. Ending the
     call: a goodbye ("That's all, thank you"). Not any line without a question mark: STT
     drops them, and a misheard "Which dentists work at the clinic?" ("Which then this is
     where Captain O'Clute.") ended a call of `bench pipeline` with lines still to say."""
