@@ -26,6 +26,8 @@ from pipeline.turn import LLMResult, Reply
     (["Hi, my name is Robert.", "Are you open on Saturday?"], "Robert"),
     (["Hello, I booked a check-up last week under Nora Bell. When is it?"], "Nora Bell"),
     (["It's under Dr. Patel, I think."], None),
+    (["Hi, it's Tom."], "Tom"),
+    (["It's Aetna."], None),  # "it's X" names the caller only beside a greeting
     # No name: lower case after "I'm" / "this is", or a word that is no name.
     (["Hi, I'm calling about my bill."], None),
     (["This is about my booking."], None),
@@ -39,7 +41,7 @@ def test_caller_name_is_the_name_the_caller_last_gave(lines, name):
 
 @pytest.mark.parametrize("text", ["Hi.", "Hi there.", "Hello, this is Maria Lopez.", "Hi, my name is Robert.",
                                   "Oh, hi, this is Priya Shah speaking.", "Good morning!", "Hey, call me Jo.",
-                                  "Thanks. My name is Ella, by the way."])
+                                  "Thanks. My name is Ella, by the way.", "Hi, it's Tom."])
 def test_a_greeting_or_an_introduction_alone_only_greets(text):
     assert only_greets(text)
 

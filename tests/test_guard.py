@@ -595,3 +595,22 @@ def test_a_name_the_caller_corrected_is_theirs(dental):
     said = ("Hi, my name is Robert.", "Actually, it's Rob, not Robert.")
     assert check(dental, "Your name is Rob.", "What's my name?", said).ok
     assert not check(dental, "Your name is Bob.", "What's my name?", said).ok
+
+
+def test_a_confirmed_booking_is_said_when_the_database_holds_it(dental):
+    """ "Can you confirm my booking?" got the fallback for "confirm" (specvoice chat)."""
+    wednesday = "Wednesday 2:15 p.m. with Dr. Moreno"
+    claim = f"Yes, your booking for {wednesday} is confirmed."
+    said = ("My name is Lena Ortiz.",)
+    assert dental.check(claim, Support.of(caller="Can you confirm my booking?", earlier=said, booked=[wednesday])).ok
+    v = dental.check(claim, Support.of(caller="Can you confirm my booking?", earlier=said, booked=[]))
+    assert not v.ok and v.correction == "I don't see a booking under Lena Ortiz."
+    # An offer or a question about a booking claims none.
+    assert dental.check("I can book your appointment for Tuesday at 10:30 a.m.", Support.of(booked=[])).ok
+    assert dental.check("Would you like your appointment on Tuesday?", Support.of(booked=[])).ok
+
+
+def test_a_yes_to_a_slot_asked_by_its_part_of_the_day_is_the_slot_rules(dental):
+    caller = "Do you have anything on Tuesday morning?"  # "morning" was held back as no fact
+    assert check(dental, "Yes, Dr. Patel is available on Tuesday morning at 10:30 a.m.", caller).ok
+    assert not check(dental, "Yes, Dr. Patel is available on Tuesday afternoon at 3 p.m.", caller).ok

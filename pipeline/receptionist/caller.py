@@ -35,11 +35,16 @@ monday tuesday wednesday thursday friday saturday sunday today tomorrow
 """.split())
 
 
+_GREETING = re.compile(r"(?i:\b(?:hi|hello|hey|hiya|howdy|good (?:morning|afternoon|evening|day)|greetings)\b)")
+# "Hi, it's Tom.": a name only beside a greeting ("It's Aetna." answers which insurance).
+_ITS = re.compile(rf"(?i:\b(?:it's|it is|it’s))\s+(?P<name>[A-Z][a-z'’-]+(?:\s+[A-Z][a-z'’-]+)?)")
+
+
 def _names_in(line: str) -> list[tuple[int, int, str]]:
     """(start, end, name) of each name given in `line`: the phrase that gives it up to the
     name's last word, and the name capitalised."""
     out = []
-    for pattern in (_NAME_IS, _THIS_IS):
+    for pattern in (_NAME_IS, _THIS_IS, *((_ITS,) if _GREETING.search(line) else ())):
         for m in pattern.finditer(line):
             words, end = [], m.start("name")
             for w in re.finditer(r"\S+", m.group("name")):
@@ -63,7 +68,6 @@ def caller_name(lines: list[str]) -> str | None:
     return None
 
 
-_GREETING = re.compile(r"(?i:\b(?:hi|hello|hey|hiya|howdy|good (?:morning|afternoon|evening|day)|greetings)\b)")
 # Words a greeting may come with that say nothing ("Oh hi there, Robert here", "Thanks. My
 # name is Ella, by the way.": answered with the fallback by the 1.5B, specvoice chat).
 _FILLER = re.compile(r"(?i:\b(?:there|again|everyone|um|uh|er|oh|well|so|speaking|here|calling|thanks|thank you|"

@@ -479,8 +479,9 @@ class FactGuard:
     # -- the rules
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
-        for rule in (self._callers_name, self._actions, self._callers_booking, self._names, self._records, self._days,
-                     self._slots, self._prices, self._figures, *(() if question else (self._offers,))):
+        for rule in (self._callers_name, self._actions, *(() if question else (self._callers_booking,)), self._names,
+                     self._records, self._days, self._slots, self._prices, self._figures,
+                     *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
                 return v
@@ -706,6 +707,8 @@ class FactGuard:
             m = _YOUR_BOOKING.search(clause)
             if not m or _NEGATION.search(clause) or _CANCELLED.search(clause) or _fits_a_booking(clause, s.booked):
                 continue  # "your booking was cancelled" claims none: the action rule judges it
+            if _OFFERS_TO.search(clause[:m.start()]):
+                continue  # "I can book your appointment for Tuesday": an offer, not a booking
             if s.booked:
                 return Verdict(False, "says the caller has a booking the database does not hold for them",
                                ("Your booking is for " if len(s.booked) == 1 else "Your bookings are for ")
@@ -792,7 +795,9 @@ class FactGuard:
             return Verdict(False, f"agrees with the caller's claim: {v.why}", fact)
         if _EXISTS.search(claim):
             # "Do you do braces?" / "Is there parking?": what is asked after must be in the facts.
-            asked = _object_words(claim[_EXISTS.search(claim).end():])
+            # "Do you have anything on Tuesday morning?": the day and its part are the slot
+            # rule's to judge, not things the facts must name (held back, specvoice chat).
+            asked = _object_words(claim[_EXISTS.search(claim).end():]) - _NOT_A_SUBJECT
             unknown = sorted(asked - self._known_topics(s))
             if unknown:
                 return Verdict(False, f"agrees to what the facts do not say: {_as_said(unknown, claim)}")
@@ -840,7 +845,7 @@ _OFFER_VERBS = ("offer", "have", "provide", "sell", "carry", "serve", "accept", 
                 "order", "use")
 # Words a caller's yes-no question is made of that name nothing ("can I come in", "is there").
 _CALLER_WORDS = {_stem(w) for w in """visit person book booking appointment come able possible maybe think tell
-    remember recall forget spell thinking heard told someone friend said""".split()}
+    remember recall forget spell confirm check thinking heard told someone friend said""".split()}
 # Questions whether something exists or is offered: a "yes" to them claims it.
 _EXISTS = re.compile(r"^(?:\w+ )?(?:do|does|can|will) (?:you|we|dr \w+|the \w+|it|they|he|she) (?:also )?(?:have|offer|do|sell|"
                      r"take|accept|carry|provide|serve|speak|support|ship|deliver|include|give|make|fix|repair)\b|"
@@ -1012,13 +1017,14 @@ def claimed_actions(text: str) -> list[str]:
 # The agent telling the caller what they have booked ("Your appointment is scheduled for
 # Tuesday", "You have a booking on Friday", "You're down for 9 a.m.").
 _YOUR_BOOKING = re.compile(
-    r"\byour (?:\w+ )?(?:appointment|booking|reservation)s? (?:is|was|are|has been|have been)\b|"
+    r"\byour (?:\w+ )?(?:appointment|booking|reservation)s? (?:is|was|are|has been|have been|for|on|at|with)\b|"
     r"\byou (?:have|'ve got|have got|still have) (?:a|an|your|one) (?:\w+ )?(?:appointment|booking|reservation)\b|"
     r"\byou(?:'re| are) (?:all )?(?:booked|scheduled|down|set) (?:for|on|at|in|with)\b|"
     # "Your check-up is scheduled for Wednesday" (a caller with no booking, specvoice chat)
     r"\byour (?:\w+ ){1,3}(?:is|was|has been) (?:scheduled|booked|set|confirmed|reserved) (?:for|on|at|with)\b")
 
 
+_OFFERS_TO = re.compile(r"\b(?:can|could|will|would|i'll|let me|to|shall|want|like)\b")
 _CANCELLED = re.compile(r"\bcancel+(?:ed|led|ing)?\b")
 
 
