@@ -8,13 +8,15 @@ test_report_html:
   in order, nothing lost;
 - mu-law and the telephony input path: any bytes, any (odd) lengths;
 - the sentence splitter reused across turns, and on any Unicode;
-- the report renderer on structurally broken reports; report file names and writes.
+- the report renderer on structurally broken reports; report file names and writes;
+- the caller's name, the greeting check and the fact guard on any transcript text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import re
 
@@ -345,3 +347,32 @@ def test_same_call_id_never_overwrites_another_calls_report(tmp_path_factory, ca
              "end_reason": "error", "n": 0}
     assert write_report(again, folder) == paths[0] and load_report(paths[0])["end_reason"] == "error"
     assert len(list(folder.iterdir())) == n
+
+
+# ---------------------------------------------------------------- the caller's words and the guard on any text
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(codec="utf-8"), max_size=120), max_size=4), st.text(max_size=120))
+def test_reading_the_callers_words_and_judging_any_sentence_never_raises(lines, sentence):
+    """A transcript is anything an STT wrote: the caller's name, the greeting check and the
+    fact guard (with the caller's bookings) take any text and answer, never raise."""
+    from pipeline.receptionist.caller import caller_name, greets_only, only_greets
+    from pipeline.receptionist.guard import Support
+
+    name = caller_name(lines)
+    assert name is None or 1 <= len(name.split()) <= 2
+    messages = [{"role": "user", "content": x} for x in lines]
+    for line in lines:
+        assert isinstance(only_greets(line), bool) and isinstance(greets_only(line, messages), bool)
+    support = Support.of(caller=lines[-1] if lines else "", earlier=lines[:-1], booked=["Tuesday 10:30 a.m. with Dr. Patel"])
+    verdict = _dental_guard().check(sentence, support)
+    assert verdict.ok or verdict.why  # a sentence held back says why
+
+
+@functools.lru_cache(maxsize=1)
+def _dental_guard():
+    from pipeline.receptionist.business import default_business
+    from pipeline.receptionist.guard import FactGuard
+
+    return FactGuard(default_business())
