@@ -36,7 +36,7 @@ from pipeline.receptionist.business import DAYS
 __all__ = [
     "DEFAULT_DATABASE", "MIGRATIONS", "Booking", "BookingError", "BookingStore", "DatabaseError", "Message",
     "Migration", "NoSuchBooking", "Slot", "SlotUnavailable", "describe_database", "is_postgres_url",
-    "open_store", "resolve_database",
+    "open_store", "resolve_database", "same_name",
 ]
 
 # `[tools] database = ""`: this file, relative to the working directory (like `[report] dir`).
@@ -203,7 +203,8 @@ def _normal(text: str) -> str:
     return " ".join(text.split())
 
 
-def _same_name(a: str, b: str) -> bool:
+def same_name(a: str, b: str) -> bool:
+    """One name, case and spaces aside ("ann  lee" is "Ann Lee"): how a booking is found by its name."""
     return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
 
 
@@ -496,11 +497,11 @@ class BookingStore:
             rows = self._execute(query, params).fetchall()
             if slot is not None:
                 rows = [r for r in rows if _normal(slot) == _normal(r[1]) or (_normal(slot) and _normal(slot) in _normal(r[1]))]
-            mine = [r for r in rows if _same_name(r[2], name)]
+            mine = [r for r in rows if same_name(r[2], name)]
             if len(mine) != 1:
                 under_name = [r[1] for r in self._execute(
                     "SELECT b.name, s.label FROM bookings b JOIN slots s ON s.id = b.slot_id "
-                    "WHERE b.cancelled_at IS NULL").fetchall() if _same_name(r[0], name)]
+                    "WHERE b.cancelled_at IS NULL").fetchall() if same_name(r[0], name)]
                 what = f"at '{slot}'" if slot is not None else f"with id {booking_id}"
                 if len(mine) > 1:
                     raise NoSuchBooking(f"'{name}' has several bookings {what}: {'; '.join(r[1] for r in mine)}; "

@@ -549,18 +549,19 @@ class FactGuard:
                 return Verdict(False, f"{p.key} is not free ({p.value})",
                                f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
             for p in items:
-                if p.norm_value.startswith("from ") and any(_has_figure(p.norm_value, fig) for fig in money) \
-                        and not _AT_LEAST.search(clause):
+                if not any(_has_figure(p.norm_value, fig) for fig in money):
+                    continue  # this item's price is not said in the clause
+                if p.norm_value.startswith("from ") and not _AT_LEAST.search(clause):
                     # "The cost of a filling is $120." to "How much is it exactly?": the facts
                     # say "from $120", a lowest price, not the price (specvoice chat).
                     return Verdict(False, f"says {p.key}'s lowest price as its price ({p.value})",
                                    f"The {p.key} is {_end(p.value)}")
-                if any(_has_figure(p.norm_value, fig) for fig in money) and _waived_said_as_paid(p.norm_value, clause):
+                if _waived_said_as_paid(p.norm_value, clause):
                     # "The cost of a technician visit for Plus and Gigabit customers is $49", said
                     # to a Plus customer: the price of those it is waived for (specvoice chat, isp).
                     return Verdict(False, f"gives the price of {p.key} to those it is waived for ({p.value})",
                                    f"The {p.key} is {_end(p.value)}")
-                if any(_has_figure(p.norm_value, fig) for fig in money) and not _condition_said(p.norm_value, norm):
+                if not _condition_said(p.norm_value, norm):
                     # "$49" for a visit "waived for Plus and Gigabit customers", said to a Plus
                     # customer (bench quality: isp-plus-technician): the price without its condition.
                     return Verdict(False, f"the price of {p.key} has a condition ({p.value})",

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.receptionist.bookings import BookingError, BookingStore
+from pipeline.receptionist.bookings import BookingError, BookingStore, same_name
 
 __all__ = ["TOOL_SCHEMAS", "TOOLS", "ToolBox", "ToolOutcome", "WRITES", "stays_done", "tool_schema"]
 
@@ -268,10 +268,8 @@ class ToolBox:
         """The slots of the active bookings this caller holds: made on this call, under
         `name` (the name they gave, in any case), or from this line's caller ID. What the fact
         guard lets the agent say they have booked."""
-        want = " ".join(name.casefold().split()) if name else None
         return [b.slot for b in self.store.bookings(include_cancelled=False)
-                if b.call_id == self.call_id or (want and " ".join(b.name.casefold().split()) == want)
-                or (self.caller and b.caller == self.caller)]
+                if b.call_id == self.call_id or (name and same_name(b.name, name)) or (self.caller and b.caller == self.caller)]
 
     def run(self, name: str, arguments: str | dict | None) -> ToolOutcome:
         """Run one tool call. Never raises: every failure is an outcome with ok=False and a
