@@ -100,8 +100,13 @@ def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def _dicts(value: Any) -> list[dict]:
+    """The dicts of a list ([] for anything else: a broken report's "turns": 1 crashed here)."""
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
 def turns(report: dict) -> list[dict]:
-    return [t for t in report.get("turns") or [] if isinstance(t, dict)]
+    return _dicts(report.get("turns"))
 
 
 def metric_summary(report: dict) -> dict[str, dict[str, Any]]:
@@ -643,7 +648,7 @@ def _taken_back_section(report: dict) -> str:
     """Turns the caller went on speaking in before their answer was heard (report
     "taken_back", pipeline/stages/take_back.py): not answered, their audio began the next
     turn. What STT heard, what the agent had begun, and when the caller went on."""
-    entries = [e for e in report.get("taken_back") or [] if isinstance(e, dict)]
+    entries = _dicts(report.get("taken_back"))
     if not entries:
         return ""
     rows = "".join(
@@ -752,7 +757,7 @@ def _turn_section(report: dict, i: int, turn: dict) -> str:
         flag += '<span class="badge" data-field="tool_fallback">spoke the fallback</span>'
     if turn.get("hold_line"):
         flag += '<span class="badge tool" data-field="hold_line">hold line while the tool ran</span>'
-    guarded = [g for g in turn.get("guarded") or () if isinstance(g, dict)]
+    guarded = _dicts(turn.get("guarded"))
     if guarded:
         # The fact guard held sentences back: what the model said, and why, on hover.
         why = "; ".join(f'"{g.get("sentence")}": {g.get("why")}' for g in guarded)
