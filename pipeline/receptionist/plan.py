@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.receptionist.business import DAYS
+from pipeline.receptionist.bookings import same_name
 from pipeline.receptionist.caller import agent_asked
 from pipeline.receptionist.tools import stays_done
 
@@ -368,7 +369,7 @@ def _held(toolbox: Any, name: str, any_call: bool = False) -> list[Any]:
         rows, call_id = toolbox.store.bookings(include_cancelled=False), toolbox.call_id
     except Exception:  # the database is down: book_slot will say so
         return []
-    return [b for b in rows if (any_call or b.call_id == call_id) and _same_slot(b.name, name)]
+    return [b for b in rows if (any_call or b.call_id == call_id) and same_name(b.name, name)]
 
 
 def _days_named(text: str) -> set[str]:
