@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
     drafter = cfg.drafter if cfg.drafter != "none" else "ngram"
     print(f"loading {cfg.target} ({drafter}, {cfg.device}, {cfg.dtype}) ...", file=sys.stderr)
-    engine = load_engine(cfg, drafter=drafter, gamma="auto")
+    engine = load_engine(cfg, drafter=drafter, gamma="auto", answer_memory=0)  # levels repeat the prompts
     turns = json.loads(args.dialogues.read_text())["turns"]
     n_max = max(args.calls)
     prompts = [engine.chat_prompt(turns[i % len(turns)]["messages"]) for i in range(n_max)]

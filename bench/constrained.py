@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from tqdm import tqdm
 
-    engine = load_engine(config.llm, drafter="ngram", gamma="auto")
+    engine = load_engine(config.llm, drafter="ngram", gamma="auto", answer_memory=0)  # modes repeat the prompts
     slots = list(config.business.open_slots or [])
     tasks = build_tasks(engine, config, args.tasks)
     from llm.engine import time_steps

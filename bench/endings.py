@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     stt = load_stt(config, 2)
     tts = load_tts("piper", resolve_model(config.tts.voice), length_scale=config.tts.length_scale, threads=2)
     vad, endpoint = SileroModel(), endpoint_config(config, False)
-    engine = load_engine(config.llm)
+    engine = load_engine(config.llm, answer_memory=0)  # modes repeat the lines
     tools = tool_schemas(config)
     history = History(system_prompt(config), config.agent.history_tokens, engine.count_tokens)
     history.add_agent(config.agent.greeting)  # the caller's first turn, after the greeting

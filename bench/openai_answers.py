@@ -65,7 +65,7 @@ def collect_ours(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
 
     cfg = load_config(args.ours).llm
-    engine = load_engine(cfg)
+    engine = load_engine(cfg, answer_memory=0)  # the drafter then answers what gamma 0 did
     turns = json.loads(args.dialogues.read_text())["turns"]
     params = SamplingParams(max_new_tokens=args.max_tokens)
     settings = {"gamma0": ("none", 0), "spec": (cfg.drafter, cfg.gamma)}

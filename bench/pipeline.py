@@ -395,6 +395,13 @@ def _insert_pause(pcm, rate: int, at: float, pause_s: float):
     return np.concatenate([pcm[:cut], np.zeros(int(rate * pause_s), np.float32), pcm[cut:]]).astype(np.float32)
 
 
+def _forget_answers(models) -> None:
+    """An empty answer memory ([llm] answer_memory) for the next call: calls compared side by
+    side must not draft from each other's answers to the same lines."""
+    if getattr(models, "engine", None) is not None:
+        models.engine.answers.clear()
+
+
 def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
     import asyncio
     import dataclasses
@@ -468,6 +475,7 @@ def _run_turn_modes(args, config, models, work: Path, modes: list[str]) -> int:
             for label, c in variants:
                 print(f"call with turn mode {label} (STT: {c.stt.engine} {c.stt.model_for_engine}, tools "
                       f"{'on' if c.tools.enabled else 'off'}):", file=sys.stderr, flush=True)
+                _forget_answers(mode_models)  # each mode answers the same lines: none drafts from another's
                 runs[label] = await _play_lines(c, mode_models, end_of_turn, wavs, work, label)
 
     asyncio.run(main())
@@ -550,6 +558,7 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         for label, engine in (("spec", engine_on), ("nospec", engine_off)):
             print(f"call with {label} (gamma {engine.gamma}):", file=sys.stderr, flush=True)
+            _forget_answers(models)  # both calls answer the same questions
             runs[label] = await _play_call(config, models, SpeculativeBackend(engine), wavs, work, label)
 
     asyncio.run(main())

@@ -542,7 +542,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = {v: variant_prompts(v, config.agent, data, args.questions.parent) for v in variants}
 
     print(f"loading {llm.target} ({llm.drafter} drafts, {llm.device}, {llm.dtype}) ...", file=sys.stderr)
-    engine = load_engine(llm)
+    engine = load_engine(llm, answer_memory=0)  # variants repeat the questions
     # The product computes each system prompt's K/V once per process; time that once here.
     used = dict.fromkeys(q.business for q in questions)
     prefill: dict[str, dict] = {v: {} for v in variants}

@@ -573,7 +573,7 @@ async def _run(args: argparse.Namespace, config, labels: list[str], dialogues: l
         params = dataclasses.replace(params, max_new_tokens=args.max_new_tokens)
     prompt, schemas = system_prompt(config), tool_schemas(config)
     print(f"loading {llm.target} ({llm.drafter} drafts, {llm.device}, {llm.dtype}) ...", file=sys.stderr)
-    engine = load_engine(llm)
+    engine = load_engine(llm, answer_memory=0)  # variants repeat the questions
     # As AgentModels.warm: the system block (tools included) computed once, copied into each call.
     prefix = engine.chat_prompt([{"role": "system", "content": prompt}], add_generation_prompt=False, tools=schemas)
     t = time.perf_counter()

@@ -1,7 +1,7 @@
 """Drafts from the engine's earlier answers: a receptionist says the same things all day.
 
     memory = AnswerMemory(max_answers=256)        # one per engine, shared by every call
-                                                  # ([llm] answer_memory; 0, the default: off)
+                                                  # ([llm] answer_memory: 256 by default, 0 off)
     drafter = AnswerDrafter(memory)               # one per conversation, a free drafter
     memory.add(prompt, answer_tokens)             # each finished answer, by the engine
 
@@ -16,9 +16,11 @@ one of them, proposes what followed there. The idea is SuffixDecoding's (Oliaro 
 n-gram index the conversation's own lookup already uses.
 
 Drafts are only proposals: the target verifies every token, so greedy answers stay
-token-identical and sampled ones keep the target's distribution (a point mass, as the
-n-gram drafter's). Nothing of one call's answer reaches another call's output; what one
-call can notice of another is at most that a common answer came faster.
+token-identical. Only greedy answers are remembered and drafted: a sampled answer would
+keep the target's distribution (a point mass, as the n-gram drafter's), but its random
+draws would depend on what other calls said, so a seed would no longer repeat one call
+alone. Nothing of one call's answer reaches another call's output; what one call can
+notice of another is at most that a common answer came faster.
 
 Which continuation a key gets: the longest key first (n = max_n .. min_n), then the
 latest answer that holds it. A key whose earlier answers went on differently is
@@ -70,6 +72,12 @@ class AnswerMemory:
 
     def __len__(self) -> int:
         return len(self._answers)
+
+    def clear(self) -> None:
+        """Forget every answer (a benchmark's modes each start from an empty memory)."""
+        with self._lock:
+            self._answers.clear()
+            self._index.clear()
 
     def add(self, prompt: list[int], answer: list[int]) -> None:
         """Remember `answer` (the tokens the target wrote after `prompt`)."""
@@ -139,7 +147,9 @@ class AnswerDrafter:
 
     def propose(self, context: list[int], k: int, params: SamplingParams) -> Proposal:
         t0 = time.perf_counter()
-        tokens, source = self.memory.lookup(context, k) if k > 0 else ([], "")
+        # Greedy answers only: a sampled answer's draws would depend on what other calls
+        # said (its distribution kept, its seed no longer repeating one call alone).
+        tokens, source = self.memory.lookup(context, k) if k > 0 and params.greedy else ([], "")
         return Proposal(tokens, None, source or self.name, time.perf_counter() - t0)
 
     def accepted(self, n: int) -> None:

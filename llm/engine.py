@@ -124,7 +124,8 @@ class SpeculativeEngine:
     # Torch threads of the engine thread (None: the constructing thread's, llm.threads.cores).
     threads: int | None = None
     # The engine's recent answers, drafted from in every conversation (llm/answer_memory.py;
-    # with the n-gram drafter). Off (max_answers = 0) unless asked for: `load(answer_memory=N)`.
+    # with the n-gram drafter). Off (max_answers = 0) unless asked for: `load(answer_memory=N)`
+    # ([llm] answer_memory asks for 256 by default).
     answers: AnswerMemory = field(default_factory=lambda: AnswerMemory(max_answers=0), repr=False, compare=False)
     _scheduler: PassScheduler | None = field(default=None, init=False, repr=False, compare=False)
     _grammars: Grammars | None = field(default=None, init=False, repr=False, compare=False)
@@ -455,8 +456,9 @@ class SpeculativeEngine:
             for group in speculative_stream(self.target.model, conv.seq, prompt, drafters, conv.controller, detok,
                                             gen, stats):
                 written += group.token_ids
-                if group.finish_reason in ("eos", "stop", "length"):
-                    # A whole answer (not one cut short): later answers may draft from it.
+                if group.finish_reason in ("eos", "stop", "length") and params.greedy:
+                    # A whole greedy answer (not one cut short): later greedy answers may
+                    # draft from it (a sampled one is drafted from none: llm/answer_memory.py).
                     self.answers.add(prompt, written)
                 yield group
 

@@ -82,10 +82,13 @@ class ModelSet(Protocol):
 
 
 
-def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | None = None) -> SpeculativeEngine:
+def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | None = None,
+                answer_memory: int | None = None) -> SpeculativeEngine:
     """The in-process engine an `[llm]` section describes: its models resolved from the
-    model cache, the draft model loaded only for a drafter that uses it. `drafter` and
-    `gamma` override the section's (benchmarks compare settings on one engine)."""
+    model cache, the draft model loaded only for a drafter that uses it. `drafter`,
+    `gamma` and `answer_memory` override the section's (benchmarks compare settings on one
+    engine, and those that ask one prompt more than once measure speculation without the
+    memory of earlier answers: answer_memory=0)."""
     from llm.engine import SpeculativeEngine
     from modelstore import resolve_model
 
@@ -94,7 +97,7 @@ def load_engine(llm: LLMConfig, drafter: str | None = None, gamma: int | str | N
     return SpeculativeEngine.load(resolve_model(llm.target), draft, drafter=drafter,
                                   gamma=llm.gamma if gamma is None else gamma, max_gamma=llm.max_gamma,
                                   device=llm.device, dtype=llm.dtype, context_tokens=llm.context_tokens,
-                                  answer_memory=llm.answer_memory)
+                                  answer_memory=llm.answer_memory if answer_memory is None else answer_memory)
 
 
 def endpoint_config(config: Config, end_of_turn_model: bool = False) -> EndpointConfig:

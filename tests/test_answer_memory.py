@@ -109,3 +109,32 @@ def test_a_repeated_answer_is_drafted_from_memory_and_stays_the_targets_own(tiny
     out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=24, min_new_tokens=24,
                       eos_token_id=None, pad_token_id=0)
     assert ref == out[0, len(prompt):].tolist()
+
+
+def test_clear_forgets_every_answer():
+    memory = AnswerMemory(max_n=2, min_n=2)
+    memory.add(PROMPT, [10, 11, 12])
+    memory.clear()
+    assert len(memory) == 0 and memory.lookup([10, 11], 1) == ([], "")
+    memory.add(PROMPT, [20, 21, 22])  # and it remembers again after
+    assert memory.lookup([20, 21], 1) == ([22], "answers2")
+
+
+def test_a_sampled_answer_is_drafted_from_none():
+    """Sampled answers keep what a seed gives one call alone: the memory offers them nothing."""
+    memory = AnswerMemory(max_n=2, min_n=2)
+    memory.add(PROMPT, [10, 11, 12, 13])
+    drafter = AnswerDrafter(memory)
+    assert drafter.propose([10, 11], 2, SamplingParams()).tokens == [12, 13]
+    assert drafter.propose([10, 11], 2, SamplingParams(temperature=0.7, seed=1)).tokens == []
+
+
+def test_a_sampled_answer_is_not_remembered(tiny_models):
+    path = tiny_models["target"]
+    eng = _engine(path, gamma=4, answer_memory=8)
+    prompt = eng.encode("Hello! How can I help you today? We open at nine on Saturday and")
+    eng.generate(prompt, SamplingParams(max_new_tokens=24))
+    assert len(eng.answers) == 1
+    eng.generate(prompt, SamplingParams(max_new_tokens=24, temperature=1.0, seed=7), eng.new_conversation(seed=7))
+    assert len(eng.answers) == 1
+    assert eng.answers.lookup(prompt, 4)[0]  # the greedy answer is still there to draft
