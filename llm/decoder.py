@@ -58,6 +58,7 @@ class Choice:
     proposal: Proposal
     expected_rate: float | None = None
     catch_up_s: float = 0.0  # what the drafter had to run first (a draft model behind the context)
+    unchosen: tuple[Proposal, ...] = ()  # the answer memory's offers not drafted (see learn)
 
 
 # draft_steps as a generator: yields the draft model's forwards, is sent (logits, seconds)
@@ -88,11 +89,14 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
     Returns what was chosen and what the controller expected of it (the pass's record,
     GenerationStats.trace)."""
     offers: list[tuple[float, Proposal | None, Drafter | None, int, float]] = []
+    memory: list[Proposal] = []  # the answer memory's offers, checked after the pass if not drafted
     for d in drafters:
         if d.name in FREE_DRAFTERS:
             offer = d.propose(context, limit, params)
             if guide is not None and offer.tokens:
                 offer.tokens = offer.tokens[: guide.valid_prefix(offer.tokens)]
+            if offer.tokens and d.name == "answers":
+                memory.append(offer)
             if offer.tokens:
                 g = controller.choose(offer.source, len(offer.tokens))
                 if g > 0:
@@ -104,10 +108,12 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
             if g > 0:
                 offers.append((controller.rate(d.name, g, extra), None, d, g, extra))
     if not offers:
-        return Choice(Proposal([], None, "none", 0.0))
+        return Choice(Proposal([], None, "none", 0.0), unchosen=tuple(memory))
     if controller.fixed is None:
         offers.sort(key=lambda o: o[0], reverse=True)
     rate, proposal, drafter, g, extra = offers[0]
+    chosen = proposal.source if proposal is not None else None
+    memory = [m for m in memory if m.source != chosen]
     # A fixed gamma has no expected rate (the controller does not choose): none recorded.
     expected_rate = None if rate == float("inf") else rate
     if proposal is None:
@@ -118,7 +124,7 @@ def draft_steps(drafters: list[Drafter], controller: GammaController, context: l
             proposal = yield from steps(context, g, params, guide=guide)
         else:
             proposal = yield from steps(context, g, params)
-    return Choice(proposal, expected_rate, extra)
+    return Choice(proposal, expected_rate, extra, tuple(memory))
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,7 @@ class Drafted:
     masks: torch.Tensor | None  # the constraint's mask of each target row; None: unconstrained
     expected_rate: float | None
     catch_up_s: float
+    unchosen: tuple[Proposal, ...] = ()  # the answer memory's offers not drafted (see learn)
 
 
 def start(target: Transformer, seq: Sequence, prompt: list[int], drafters: list[Drafter],
@@ -350,7 +357,7 @@ def draft(s: Decoding, limit: int, load: Load) -> Generator[DraftStep, tuple[tor
         if len(kept) < len(proposal.tokens):
             probs = None if proposal.probs is None else proposal.probs[: len(kept)]
             proposal = Proposal(kept, probs, proposal.source, proposal.cost_s)
-    return Drafted(proposal, s.clock() - t0, masks, choice.expected_rate, choice.catch_up_s)
+    return Drafted(proposal, s.clock() - t0, masks, choice.expected_rate, choice.catch_up_s, choice.unchosen)
 
 
 def verify_piece(s: Decoding, drafted: Drafted, base: int) -> Piece:
@@ -403,6 +410,16 @@ def learn(s: Decoding, drafted: Drafted, accepted: int, info: PassInfo) -> None:
             d.last_catch_up = None
     if info.conversations == 1:  # alone in its pass: the wall time is all its own
         c.observe_pass(proposal.source, n, accepted + 1, drafted.seconds + info.seconds)
+    if s.gen.params.greedy:
+        # The answer memory's offers that were not drafted, checked against the tokens the
+        # target wrote: its sources learn while prompt lookup is chosen over them, and in a
+        # batch where no conversation drafts (the bar a pass of many rows must clear), so
+        # that a common answer is trusted once it is seen again. Greedy only: there the
+        # target's tokens are what a draft is judged by.
+        written = proposal.tokens[:accepted] + [s.pending]
+        for offer in drafted.unchosen:
+            matched = common_prefix(offer.tokens, written)
+            c.observe_offer(offer.source, matched, matched < min(len(offer.tokens), len(written)))
     for d in s.drafters:
         d.accepted(accepted)
 

@@ -243,6 +243,17 @@ class GammaController:
         elif s.realized_passes >= 2 * self.judge_after and s.realized >= 1.0:
             s.bench_for = 16
 
+    def observe_offer(self, source: str, matched: int, refused: bool) -> None:
+        """An offer from `source` that was not drafted, checked against the tokens the target
+        wrote in the pass: `matched` of them agreed, and `refused` if one after them did not.
+        The same counts a drafted one gives (tokens the pass did not reach are unknown, as
+        drafts after a rejection are); its cost is not learnt, as nothing was drafted."""
+        if matched <= 0 and not refused:
+            return
+        s = self.stats(source)
+        s.accepted = s.accepted * self.decay + matched
+        s.rejected = s.rejected * self.decay + (1 if refused else 0)
+
     def observe_draft(self, source: str, drafted: int, accepted: int, seconds: float) -> None:
         if drafted <= 0:
             return

@@ -216,3 +216,27 @@ def test_benched_drafter_comes_back_with_a_probe_and_its_bench_doubles():
     for _ in range(c.judge_after):
         c.observe_pass("ngram3", 4, 2, 3 * c.verify.cost(1))
     assert s.benched == 32
+
+
+def test_the_answer_memorys_offers_are_learnt_when_not_drafted(tiny_models):
+    """A machine where no draft pays (each extra row costs a whole step): the controller
+    decodes plainly, so nothing is drafted from the answer memory, and yet the memory's
+    source learns how its offers fared against the tokens the target wrote. Here the
+    memory holds the target's own answer, so its acceptance estimate rises from the prior
+    (2/3) to near certainty: the next time rows are cheap enough, it is trusted."""
+    from llm.answer_memory import AnswerDrafter, AnswerMemory
+
+    eng = SpeculativeEngine.load(tiny_models["target"], drafter="ngram", gamma=0, dtype="float32", calibrate=False)
+    prompt = eng.encode(PROMPT)
+    answer, _, _ = decode(eng, Machine(0.1, 1.0, 0.0), [], GammaController(fixed=0), prompt)  # gamma 0
+    memory = AnswerMemory(max_answers=4)
+    memory.add(prompt, answer)
+    # It knows the machine already: a row costs a step, so even certain drafts would not pay.
+    # (No probe drafts either: explore_every past the answer's length.)
+    controller = GammaController(max_gamma=8, verify=CostModel(step_s=0.1, per_extra_row_s=0.1, wide_seen=4),
+                                 explore_every=10 * MAX_NEW)
+    ids, stats, _ = decode(eng, Machine(0.1, 1.0, 0.0), [AnswerDrafter(memory)], controller, prompt)
+    assert ids == answer  # greedy: the target's own tokens whatever was offered
+    assert not any(p["source"].startswith("answers") for p in stats.trace)  # nothing drafted from it
+    learnt = {k: s for k, s in controller.sources.items() if k.startswith("answers")}
+    assert learnt and all(s.rejected < 0.1 and s.acceptance > 0.95 for s in learnt.values())
