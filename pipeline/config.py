@@ -54,10 +54,11 @@ class LLMConfig(Section):
     stop: list[str] = Field(default_factory=list)
     context_tokens: int = Field(default=4096, ge=64)
     threads: int | None = None
-    # The engine's last N answers, drafted from by every call (llm/answer_memory.py; with the
-    # n-gram drafter): a receptionist's common answers in fewer passes. 0: off (README:
-    # "Drafting from earlier answers").
-    answer_memory: int = Field(default=0, ge=0)
+    # The engine's last N greedy answers, drafted from by every greedy call
+    # (llm/answer_memory.py; with the n-gram drafter): a receptionist's common answers in
+    # fewer passes. 0: off, where calls must not share even how fast an answer comes
+    # (README: "Drafting from earlier answers").
+    answer_memory: int = Field(default=256, ge=0)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
 
     @model_validator(mode="after")

@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
         "bench": "load",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "llm": {"target": cfg.llm.target, "draft": cfg.llm.draft, "drafter": cfg.llm.drafter, "dtype": cfg.llm.dtype,
-                "max_new_tokens": cfg.llm.max_new_tokens},
+                "max_new_tokens": cfg.llm.max_new_tokens, "answer_memory": cfg.llm.answer_memory},
         "stt": cfg.stt.model, "stt_workers": cfg.stt.workers, "tts": cfg.tts.voice, "threads": threads_used(args, cfg), "turns_per_call": args.turns,
         "stagger_s": args.stagger,
         "config": args.config or "built-in small (SmolLM2-135M int8 + whisper-tiny.en + Piper)",
