@@ -28,6 +28,7 @@ from pipeline.turn import LLMResult, Reply
     (["It's under Dr. Patel, I think."], None),
     (["Hi, it's Tom."], "Tom"),
     (["It's Aetna."], None),  # "it's X" names the caller only beside a greeting
+    (["my name is sam under the booking"], "Sam"),  # a word that ends a name (also the guard's)
     # No name: lower case after "I'm" / "this is", or a word that is no name.
     (["Hi, I'm calling about my bill."], None),
     (["This is about my booking."], None),

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["agent_asked", "agent_before", "caller_name", "greeting_reply", "greets_only", "only_greets"]
+__all__ = ["NOT_NAME", "agent_asked", "agent_before", "caller_lines", "caller_name", "greeting_reply", "greets_only",
+           "only_greets"]
 
 _NAME_WORD = r"[^\W\d_][\w'’-]*"
 # "My name is Robert", "the name's Ann Lee", "call me Jo": what follows is the name,
@@ -26,12 +27,14 @@ _NAME_IS = re.compile(rf"(?i:\b(?:my name is|my name's|the name is|the name's|na
 # name ("this is about my bill", "I'm calling about", "under my name").
 _THIS_IS = re.compile(rf"(?i:\b(?:this is|i'm|i am|i’m|under(?: the name)?))\s+"
                       rf"(?P<name>[A-Z][a-z'’-]+(?:\s+[A-Z][a-z'’-]+)?)")
-# Words that end a name said in lower case, or that are no name at all when capitalised.
-_NOT_NAME = frozenset("""
+# Words that end a name said in lower case, or that are no name at all when capitalised; also
+# what ends the name the agent says after "your name is" (guard.py: "your name is on the
+# booking" names no one).
+NOT_NAME = frozenset("""
 and or but so i i'm calling call from with here speaking again please the a an by how what can could do does
 is are was were not just looking wondering interested sorry fine good okay ok well new sure trying hoping
 glad happy still also actually only going phone number at for to on in about regarding yes no my your dr
-monday tuesday wednesday thursday friday saturday sunday today tomorrow
+monday tuesday wednesday thursday friday saturday sunday today tomorrow under if that which as of
 """.split())
 
 
@@ -48,7 +51,7 @@ def _names_in(line: str) -> list[tuple[int, int, str]]:
         for m in pattern.finditer(line):
             words, end = [], m.start("name")
             for w in re.finditer(r"\S+", m.group("name")):
-                if w.group().casefold().strip("'’") in _NOT_NAME or re.search(r"['’]s$", w.group()):
+                if w.group().casefold().strip("'’") in NOT_NAME or re.search(r"['’]s$", w.group()):
                     break  # a possessive is no name given: "this is Tuesday's slot"
                 words.append(w.group()[:1].upper() + w.group()[1:])
                 end = m.start("name") + w.end()
@@ -87,6 +90,11 @@ def only_greets(text: str) -> bool:
     greeted = rest != text
     rest, n = _GREETING.subn(" ", rest)
     return (greeted or n > 0) and not re.search(r"[^\W_]", _FILLER.sub(" ", rest))
+
+
+def caller_lines(messages: list[dict]) -> list[str]:
+    """The caller's lines in `messages`, oldest first."""
+    return [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
 
 
 def agent_before(messages: list[dict]) -> str:

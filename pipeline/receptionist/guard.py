@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.ports import ToolRunner
-from pipeline.receptionist.caller import caller_name
+from pipeline.receptionist.caller import NOT_NAME, caller_name
 from pipeline.receptionist.business import DAYS, FALLBACK, BusinessConfig, _is_closed, day_hours
 
 __all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "claimed_actions", "normalize", "turn_guard"]
@@ -155,9 +155,6 @@ _NO_NAME = re.compile(r"\b(?:don't|do not|didn't|did not|haven't|have not|never|
                       r"(?:have|know|catch|caught|get|got|gotten|hear|heard|been given|received|given|told|access)\b"
                       r"[^.?!]*\byour (?:full )?name\b")
 _YOUR_NAME_IS = re.compile(r"\byour (?:full )?name is ([a-z][a-z' -]*)")
-# Words that end a name said after "your name is" ("your name is on the booking": no name).
-_NOT_NAME_WORDS = frozenset("""and or but so on in at for with under the a an not still what please if that
-    which as from by of to""".split())
 _NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|neither|nor|cannot|unfortunately|without)\b|n't\b")
 _HEDGE = re.compile(r"\b(?:not sure|don't know|do not know|can't confirm|cannot confirm|i'll check|let me check|"
                     r"i'd need to check|take a message|no information|don't have (?:that|any|information))")
@@ -415,7 +412,9 @@ class Support:
 
     @classmethod
     def of(cls, tool_calls: Iterable[dict] = (), slots: Sequence[str] | None = None, caller: str = "",
-           earlier: Iterable[str] = (), booked: Sequence[str] | None = None) -> "Support":
+           earlier: Iterable[str] = (), booked: Sequence[str] | None = None, name: str | None = None) -> "Support":
+        """`name`: the caller's, when the caller has it already (else read from their lines)."""
+        earlier = list(earlier)
         results, done = [], set()
         for c in tool_calls:
             text = json.dumps({"result": c.get("result"), "error": c.get("error"), "arguments": c.get("arguments")},
@@ -425,7 +424,7 @@ class Support:
                 done.add(str(c["name"]))
         said = normalize(" ".join([*earlier, caller]))
         labels = [normalize(x) for x in slots or []]
-        name = caller_name([*earlier, caller])
+        name = name or caller_name([*earlier, caller])
         # The caller's name is a fact of the call: "Your name is Robert" rests on it.
         told = [f"the caller's name: {normalize(name)}"] if name else []
         lines = [(set(figures(t)), topic_words(t)) for t in [*results, *(f"open slot: {x}" for x in labels), *told]]
@@ -683,7 +682,7 @@ class FactGuard:
             return _OK
         said = []
         for w in m.group(1).split()[:2]:
-            if w in _NOT_NAME_WORDS:
+            if w in NOT_NAME:  # "your name is on the booking": no name
                 break
             said.append(w)
         if not said:
@@ -1083,11 +1082,12 @@ class TurnGuard:
                 slots = self.slots()
             except Exception:  # the database is down: judge against the configured slots
                 slots = None
+            name = caller_name([*self.earlier, self.caller])
             try:
-                booked = None if self.bookings is None else self.bookings(caller_name([*self.earlier, self.caller]))
+                booked = None if self.bookings is None else self.bookings(name)
             except Exception:  # ... and say nothing of the caller's bookings
                 booked = None
-            self._support = Support.of(self.tool_calls, slots, self.caller, self.earlier, booked)
+            self._support = Support.of(self.tool_calls, slots, self.caller, self.earlier, booked, name)
         return self._support
 
     def __call__(self, sentence: str) -> str | None:

@@ -26,7 +26,7 @@ from llm.tool_calls import ToolCallParse
 from llm.types import Constraint, SamplingParams
 from pipeline.events import ToolResult
 from pipeline.ports import ToolRunner
-from pipeline.receptionist.caller import agent_before
+from pipeline.receptionist.caller import agent_before, caller_lines
 from pipeline.receptionist.plan import (ANSWER_LINE, ANSWER_ONLY_GRAMMAR, Outcome, act, allowed_acts, parse_plan,
                                         plan_grammar, plan_slots)
 from pipeline.stages.answer import AnswerStream
@@ -100,7 +100,7 @@ def plan_request(messages: list[dict], caller_text: str, store, prefills: bool) 
     """What a plan turn on `messages` generates from (reads the database's open slots when
     the turn may act). A pure function of the messages and the database: a preemptive
     start (stages/preempt.py) runs the very request its turn would, or is not kept."""
-    callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    callers = caller_lines(messages)
     acts = allowed_acts(caller_text, callers or [caller_text], agent_before(messages))
     if acts == ("answer",):
         # Nothing the caller said asks for an action: the plan line is ours to write, not the
@@ -130,7 +130,7 @@ def first_round(messages: list[dict], text: str, toolbox: ToolRunner | None, pla
 async def plan_turn(answer: AnswerStream, messages: list[dict], toolbox: ToolRunner, caller_text: str = "") -> None:
     result = answer.result
     start = time.monotonic()
-    callers = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    callers = caller_lines(messages)
     request = await asyncio.to_thread(plan_request, messages, caller_text, toolbox.store, answer.backend.prefills)
     acts, open_slots, constraint, messages = request.acts, request.open_slots, request.constraint, request.messages
     filt = PlanFilter()
