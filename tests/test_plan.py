@@ -408,6 +408,17 @@ def test_an_action_is_possible_only_when_the_caller_asks_for_it(caller, agent_be
     (["Hello, this is Sam.", "I'd like to cancel my booking."], "It's under Sam Reed, on Friday.",
      ("answer", "book", "move", "cancel")),
     (["Can I book a cleaning?"], "The 9 a.m. one.", ("answer", "book", "move", "cancel")),
+    # Only a name, after asking to book (specvoice chat: "Sam Reed." after "What about Friday
+    # then?" was answered "Sam Reed, please call back when you're ready.").
+    (["I'd like a cleaning. Saturday afternoon at 3?", "What about Friday then?"], "Sam Reed.",
+     ("answer", "book", "move", "cancel")),
+    (["Can I book a cleaning?"], "It's Ann Lee.", ("answer", "book", "move", "cancel")),
+    # ... but not a short reply, and not a name in a call that asked for nothing.
+    (["Can I book a cleaning?"], "Perfect.", ("answer", "book", "move", "cancel")),  # agrees (_AGREES)
+    (["Can I book a cleaning?"], "Thanks!", ("answer", "end_call")),
+    (["Can I book a cleaning?"], "Hello.", ("answer",)),
+    (["Can I book a cleaning?"], "Riverside Dental?", ("answer",)),
+    (["Are you open on Saturday?"], "Sam Reed.", ("answer",)),
     # A day named in a call that asked for nothing, or asked as a question: a question.
     (["Are you open on Saturday?"], "And on Sunday.", ("answer",)),
     (["Can I book a cleaning?"], "Are you open on Wednesday?", ("answer",)),

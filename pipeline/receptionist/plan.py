@@ -32,7 +32,7 @@ from typing import Any
 
 from pipeline.receptionist.business import DAYS
 from pipeline.receptionist.bookings import same_name
-from pipeline.receptionist.caller import agent_asked
+from pipeline.receptionist.caller import NOT_NAME, agent_asked
 from pipeline.receptionist.tools import stays_done
 
 __all__ = ["ACTS", "ANSWER_LINE", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
@@ -243,6 +243,23 @@ def _asks_to_book(text: str) -> bool:
 # A day or a time of day, as a caller picks a slot ("Wednesday then", "the 9 a.m. one").
 _NAMES_A_TIME = re.compile(r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|tomorrow|morning|afternoon|"
                            r"evening|\d{1,2}(?::\d\d)? ?(?:a\.?m\b\.?|p\.?m\b\.?|o'clock))", re.IGNORECASE)
+# A line that is only a name ("Sam Reed.", "It's Sam Reed.", "Under Sam Reed."): capitalised,
+# as an STT writes a name, one or two words that are none of the words a short reply is made
+# of. Said after asking to book, it is the name to book under: "Sam Reed." after "What
+# about Friday then?" was answered "Sam Reed, please call back when you're ready." (specvoice
+# chat: the plan allowed no booking).
+_ONLY_A_NAME = re.compile(r"\s*(?:(?:it's|it is|it’s|under|the name is|name's)\s+)?"
+                          r"(?P<name>[A-Z][a-z'’-]+(?:\s+[A-Z][a-z'’-]+)?)\s*[.!]?\s*", re.IGNORECASE)
+_NOT_A_NAME_REPLY = NOT_NAME | frozenset("""thanks thank you great perfect bye goodbye hello hi hey right alright cool
+    nice done then that sounds works excellent wonderful lovely cheers""".split())
+
+
+def _only_a_name(text: str) -> bool:
+    m = _ONLY_A_NAME.fullmatch(text or "")
+    return bool(m) and m.group("name")[:1].isupper() and not any(
+        w.casefold() in _NOT_A_NAME_REPLY for w in m.group("name").split())
+
+
 # "Do you have a table for four tonight?": asking for a table is asking to book one; "So you
 # have a table for two at 7, right?" checks a claim (answered, bench quality).
 _ASKS_FOR_A_TABLE = re.compile(r"\btable for\b", re.IGNORECASE)
@@ -263,10 +280,11 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     ANSWER_ONLY_GRAMMAR), and no slot is read (stages/plan_step.py).
 
     Booking acts: a booking word, or (not a question) an agreement or a name, or a bare
-    reply to the agent's question of a name or a choice, or a day or time named in a call
-    whose caller asked to book, cancel or move before ("Wednesday then.", "It's under Sam
-    Reed, on Friday.": answered with the services and with "the next available slot for Sam
-    Reed", specvoice chat, where the caller was choosing and cancelling). A message: asked
+    reply to the agent's question of a name or a choice, or a day or time named, or a line
+    that is only a name, in a call whose caller asked to book, cancel or move before
+    ("Wednesday then.", "It's under Sam Reed, on Friday.": answered with the services and
+    with "the next available slot for Sam Reed", specvoice chat, where the caller was
+    choosing and cancelling; "Sam Reed."). A message: asked
     for on this line or the one before (as `act` checks). A transfer: a person asked for. Ending the
     call: a goodbye ("That's all, thank you"). Not any line without a question mark: STT
     drops them, and a misheard "Which dentists work at the clinic?" ("Which then this is
@@ -276,7 +294,8 @@ def allowed_acts(caller_text: str, caller_lines: list[str] | None = None, agent_
     acts = ["answer"]
     if _asks_to_book(caller_text) or (_ASKS_FOR_A_TABLE.search(caller_text) and not _CHECKS_A_CLAIM.search(
             caller_text)) or (not question and (_AGREES.search(caller_text) or agent_asked(agent_before) or (
-            _NAMES_A_TIME.search(caller_text) and any(_asks_to_book(x) for x in lines[:-1])))):
+            (_NAMES_A_TIME.search(caller_text) or _only_a_name(caller_text))
+            and any(_asks_to_book(x) for x in lines[:-1])))):
         acts += ["book", "move", "cancel"]
     if _ASKS_FOR_A_MESSAGE.search(" ".join([*lines[-2:], caller_text])):
         acts.append("message")
