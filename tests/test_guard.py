@@ -94,6 +94,17 @@ def test_prices_of_named_items(guards):
     assert not ok(isp, "Technician visits are always free.")
 
 
+def test_hours_of_every_day_without_day_labels(guards):
+    """"Phone support": "24 hours a day, every day": no label names a day, and every day is
+    open (specvoice chat: "No, phone support is not open on Sunday night." passed)."""
+    isp = guards["isp"]
+    assert not ok(isp, "No, phone support is not open on Sunday night.", caller="Is phone support open on Sunday night?")
+    assert not ok(isp, "Phone support is closed on Saturday.")
+    assert not ok(isp, "Phone support is open from 8 a.m. to 8 p.m. on Sunday.")
+    assert ok(isp, "Yes, phone support is open 24 hours a day, every day.", caller="Is phone support open on Sunday night?")
+    assert ok(isp, "Phone support is open on Sunday.")
+
+
 def test_a_days_opening_and_closing(dental, guards):
     assert ok(dental, "We're closed on Sunday.")
     v = dental.check("We're open on Sunday.", Support())

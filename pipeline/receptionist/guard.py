@@ -348,6 +348,11 @@ class FactBook:
         prices = _prices(b.prices or {})
         hours = None
         per_day = day_hours(b.hours) if b.hours else None
+        if per_day is None and b.hours and all(_EVERY_DAY.search(v.lower()) for v in b.hours.values()):
+            # No label names days, and every one holds every day ("Phone support": "24 hours a
+            # day, every day"): each day has those hours. "No, phone support is not open on
+            # Sunday night." passed when the guard knew no day's hours (specvoice chat).
+            per_day = [(d, "; ".join(b.hours.values())) for d in DAYS]
         if per_day is not None:
             hours = {i: v for i, (_, v) in enumerate(per_day)}
         people = {m.group(1) for line in lines for m in _DOCTOR.finditer(line)}
@@ -358,6 +363,9 @@ class FactBook:
                    raw_vocab, prices, hours, people, list(b.open_slots or []), b.fallback or FALLBACK,
                    [normalize(x) for x in b.open_slots or []], set(hours or ()) | {d for x in lines for d in _days_in(x)},
                    {d: normalize(v) for d, v in (hours or {}).items()}, [said for _, said in pairs])
+
+
+_EVERY_DAY = re.compile(r"\bevery day\b|\bdaily\b|\ball week\b|24/7|\b(?:7|seven) days a week\b")
 
 
 def _prices(prices: dict[str, str]) -> list[Price]:
