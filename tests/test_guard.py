@@ -94,6 +94,19 @@ def test_prices_of_named_items(guards):
     assert not ok(isp, "Technician visits are always free.")
 
 
+def test_a_figure_of_another_items_line_is_not_the_named_items(guards):
+    """The Plus plan's "500 Mbps" said of the Gigabit plan (specvoice chat, isp); the Plus
+    plan's own figure, and a figure of no item, pass."""
+    isp = guards["isp"]
+    v = isp.check("The Gigabit plan offers 500 Mbps speed.", Support.of(caller="And how fast is the Gigabit one?"))
+    assert not v.ok and v.why == "'500 mbps' is the Plus plan's, not the Gigabit plan's"
+    assert v.correction == "The Gigabit plan is $79.99 a month."
+    assert ok(isp, "The Plus plan offers 500 Mbps.")
+    assert ok(isp, "The Basic plan is 100 Mbps for $39.99 a month.")
+    assert not ok(isp, "The Basic plan gives you 500 Mbps.")
+    assert ok(isp, "Unplug the router for 30 seconds.")  # a figure of a fact, no item named
+
+
 def test_hours_of_every_day_without_day_labels(guards):
     """"Phone support": "24 hours a day, every day": no label names a day, and every day is
     open (specvoice chat: "No, phone support is not open on Sunday night." passed)."""

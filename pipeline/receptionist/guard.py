@@ -368,6 +368,11 @@ class FactBook:
 _EVERY_DAY = re.compile(r"\bevery day\b|\bdaily\b|\ball week\b|24/7|\b(?:7|seven) days a week\b")
 
 
+def _bare_key(p: Price) -> str:
+    """An item's name as a caller says it: "Plus plan (500 Mbps)" -> "Plus plan"."""
+    return re.sub(r"\s*\(.*?\)", "", p.key).strip()
+
+
 def _prices(prices: dict[str, str]) -> list[Price]:
     phrases = {k: normalize(re.sub(r"\(.*?\)", "", k)).strip() for k in prices}
     words = {k: topic_words(p) for k, p in phrases.items()}
@@ -518,6 +523,13 @@ class FactGuard:
                 having = [topics for figs, topics in lines if fig in figs]
                 if not having:
                     return Verdict(False, f"{fig!r} is not in the facts")
+                other = self._only_another_items(fig, items, s)
+                if other is not None:
+                    # "The Gigabit plan offers 500 Mbps speed." (specvoice chat, isp): the Plus
+                    # plan's figure, said of the Gigabit plan. Its own line is what is true.
+                    p = items[0]
+                    return Verdict(False, f"{fig!r} is the {_bare_key(other)}'s, not the {_bare_key(p)}'s",
+                                   f"The {p.key} is {_end(p.value)}" if len(items) == 1 else None)
                 if about and not _PHONE.fullmatch(fig) and not re.fullmatch(r"\d{5,}", fig) \
                         and not any(topics & about for topics in having):
                     # A phone or order number names one thing; "$120" or "2 days" may be another item's.
@@ -574,6 +586,22 @@ class FactGuard:
                     return Verdict(False, f"the price of {p.key} has a condition ({p.value})",
                                    f"The {p.key} is {_end(p.value)}")
         return _OK
+
+    def _only_another_items(self, fig: str, items: list[Price], s: Support) -> Price | None:
+        """The priced item, not one of `items` (those the sentence names), whose line alone
+        holds `fig`; None when a named item's line, another fact or a tool result has it."""
+        if not items or fig.startswith("$"):
+            return None  # prices: the price rule judges them
+        lines = [(i, line) for i, line in enumerate(self.book.lines) if fig in self.book.line_figures[i]]
+        owners = []
+        for _, line in lines:
+            owner = next((p for p in self.book.prices if line.startswith(f"price of {normalize(p.key)}:")), None)
+            if owner is None or owner in items:
+                return None  # a fact of its own, or the named item's
+            owners.append(owner)
+        if not owners or any(fig in figs for figs, _ in s.lines):
+            return None
+        return owners[0]
 
     def _priced_items(self, text: str) -> list[Price]:
         words = topic_words(text)
