@@ -642,3 +642,21 @@ def test_naming_a_booking_the_caller_has_is_a_question_not_a_request(caller):
                                     "I want to book an appointment."])
 def test_asking_to_change_a_booking_still_may_act(caller):
     assert "book" in allowed_acts(caller, [caller])
+
+
+def test_a_business_without_slots_plans_no_booking(tmp_path, store):
+    """An online shop has no slots: "Can I change the delivery address of order 48213?" was
+    planned as a move and answered "Sorry, we don't have that time, and no slot is open
+    right now." (specvoice chat, shop). With no slot at all, no booking act is planned; the
+    same line on a business with slots may act."""
+    from pipeline.stages.plan_step import plan_request
+
+    line = "Can I change the delivery address of order 48213?"
+    messages = [{"role": "user", "content": line}]
+    shop = open_store(tmp_path / "shop.sqlite", open_slots=[])
+    try:
+        request = plan_request(messages, line, shop, prefills=True)
+    finally:
+        shop.close()
+    assert request.acts == ("answer",) and request.constraint is None and request.given
+    assert {"book", "move", "cancel"} <= set(plan_request(messages, line, store, prefills=True).acts)

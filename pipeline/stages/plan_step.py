@@ -38,6 +38,7 @@ __all__ = ["PlanFilter", "PlanRequest", "first_round", "plan_request", "plan_tur
 # Said when the plan could not be made (the model or the grammar failed mid-line).
 PLAN_FAILED = "Sorry, could you say that again?"
 _ACT = re.compile(r'\s*\{\s*"act"\s*:\s*"(\w+)"')
+_BOOKING_ACTS = ("book", "move", "cancel")
 
 
 class PlanFilter:
@@ -102,6 +103,15 @@ def plan_request(messages: list[dict], caller_text: str, store, prefills: bool) 
     start (stages/preempt.py) runs the very request its turn would, or is not kept."""
     callers = caller_lines(messages)
     acts = allowed_acts(caller_text, callers or [caller_text], agent_before(messages))
+    slots = None
+    if any(a in _BOOKING_ACTS for a in acts):
+        slots = plan_slots(store)
+        if not slots[1]:
+            # A business with no slots at all (an online shop) has nothing to book, move or
+            # cancel: "Can I change the delivery address of order 48213?" was planned as a
+            # move and answered "Sorry, we don't have that time, and no slot is open right
+            # now." (specvoice chat, shop).
+            acts = tuple(a for a in acts if a not in _BOOKING_ACTS)
     if acts == ("answer",):
         # Nothing the caller said asks for an action: the plan line is ours to write, not the
         # model's to choose. The prompt ends with it (a backend that prefills: the model
@@ -112,7 +122,7 @@ def plan_request(messages: list[dict], caller_text: str, store, prefills: bool) 
             return PlanRequest([*messages, {"role": "assistant", "content": ANSWER_LINE, "prefix": True}], None, acts,
                                None, ANSWER_LINE)
         return PlanRequest(messages, Constraint.grammar(ANSWER_ONLY_GRAMMAR), acts, None)
-    open_slots, all_slots = plan_slots(store)
+    open_slots, all_slots = slots or plan_slots(store)
     return PlanRequest(messages, Constraint.grammar(plan_grammar(open_slots, all_slots, acts)), acts, open_slots)
 
 
