@@ -93,7 +93,8 @@ class AgentConfig(Section):
     # A caller's line that only greets ("Hi.", "Hello, this is Maria Lopez.") and answers no
     # question of the agent's is greeted back in our words ("Hi Maria, how can I help you
     # today?"), without the model: the 1.5B read every fact of the business out to "Hi, my
-    # name is Robert." (pipeline/receptionist/caller.py).
+    # name is Robert." (pipeline/receptionist/caller.py). So is a caller who only asks for the
+    # name they gave ("Do you remember my name?" -> "Your name is Robert.").
     greet_back: bool = True
 
     def built_prompt(self, business: BusinessConfig) -> str:

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from callfakes import ScriptedBackend
-from pipeline.receptionist.caller import caller_name, greeting_reply, greets_only, only_greets
+from pipeline.receptionist.caller import asks_own_name, caller_name, greeting_reply, greets_only, only_greets, own_reply
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
 from pipeline.turn import LLMResult, Reply
@@ -96,3 +96,38 @@ async def test_the_model_answers_a_greeting_when_greet_back_is_off_and_any_quest
     assert await _reply_to("Hi, my name is Robert. Are you open?", True, backend) == ["Hello!", "How can I help?"]
     assert await _reply_to("My name is Robert.", True, backend, "May I have your name?") == ["Hello!", "How can I help?"]
     assert backend.opened == 3
+
+
+@pytest.mark.parametrize("text", ["Can you tell me my name, please?", "Do you remember my name?", "What's my name again?",
+                                  "what is my name", "Okay, can you tell me what my name is?", "Do you know my name?"])
+def test_a_line_that_only_asks_for_the_callers_name(text):
+    assert asks_own_name(text)
+
+
+@pytest.mark.parametrize("text", ["Can you book it under my name?", "Is my name on the booking?", "My name is Robert.",
+                                  "What's my name on the order 48213?", "Can you spell my name back to me and book Friday?"])
+def test_a_line_that_asks_more_is_not_only_the_name(text):
+    assert not asks_own_name(text)
+
+
+def test_the_callers_name_is_told_in_our_words_only_when_they_gave_it():
+    """The 1.5B said "I'm sorry, but I don't have your name." (bench load: every caller asks)
+    and "I remember your name." (specvoice chat) to callers who had given it."""
+    given = [{"role": "user", "content": "Hi, my name is Robert. Are you open on Saturday?"},
+             {"role": "assistant", "content": "Yes, we're open on Saturday from 9 a.m. to 1 p.m."},
+             {"role": "user", "content": "Do you remember my name?"}]
+    assert own_reply("Do you remember my name?", given) == "Your name is Robert."
+    never = [{"role": "user", "content": "Do you remember my name?"}]
+    assert own_reply("Do you remember my name?", never) is None  # the model's (and the guard's) to answer
+    assert own_reply("Hi, I'm Dana.", [{"role": "user", "content": "Hi, I'm Dana."}]) == "Hi Dana, how can I help you today?"
+    assert own_reply("Are you open on Sunday?", given) is None
+
+
+async def test_the_callers_name_asked_for_is_told_without_the_model():
+    backend = ScriptedBackend(["I'm sorry, but I don't have your name."])
+    sentences: asyncio.Queue = asyncio.Queue()
+    messages = [{"role": "user", "content": "Hi, my name is Robert."}, {"role": "assistant", "content": "Hi Robert!"},
+                {"role": "user", "content": "Can you tell me my name, please?"}]
+    await respond(backend, messages, Reply(TurnTimeline(), llm=LLMResult(), sentences=sentences,
+                                           caller_text=messages[-1]["content"], greet_back=True))
+    assert sentences.get_nowait() == "Your name is Robert." and backend.opened == 0

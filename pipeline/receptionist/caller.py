@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NOT_NAME", "agent_asked", "agent_before", "caller_lines", "caller_name", "greeting_reply", "greets_only",
-           "only_greets"]
+__all__ = ["NOT_NAME", "agent_asked", "agent_before", "asks_own_name", "caller_lines", "caller_name", "greeting_reply",
+           "greets_only", "only_greets", "own_reply"]
 
 _NAME_WORD = r"[^\W\d_][\w'’-]*"
 # "My name is Robert", "the name's Ann Lee", "call me Jo": what follows is the name,
@@ -90,6 +90,35 @@ def only_greets(text: str) -> bool:
     greeted = rest != text
     rest, n = _GREETING.subn(" ", rest)
     return (greeted or n > 0) and not re.search(r"[^\W_]", _FILLER.sub(" ", rest))
+
+
+# "Can you tell me my name, please?", "Do you remember my name?", "What's my name again?":
+# a line that only asks for the caller's own name.
+_ASKS_OWN_NAME = re.compile(
+    r"\s*(?:(?:hi|hello|hey|so|okay|ok|um|uh|and)\b,?\s*)*"
+    r"(?:can you tell me|could you tell me|would you tell me|tell me|do you (?:still )?(?:know|remember|have)|"
+    r"what(?:'s|’s| is| was)|say|repeat)\s+(?:what\s+)?my (?:full )?name(?:\s+(?:is|was))?"
+    r"(?:\s+again)?(?:,?\s*please)?\s*[?.!]*\s*", re.IGNORECASE)
+
+
+def asks_own_name(text: str) -> bool:
+    """The line only asks for the caller's own name."""
+    return bool(_ASKS_OWN_NAME.fullmatch(text or ""))
+
+
+def own_reply(text: str, messages: list[dict]) -> str | None:
+    """What the agent says to `text` in its own words, without the model, or None: a
+    greeting is greeted back ("Hi Robert, how can I help you today?"), and a caller who
+    asks for their own name, having given it, is told it ("Your name is Robert."; the 1.5B
+    said "I'm sorry, but I don't have your name.", and "I remember your name."). A name
+    never given is the model's to answer (the guard lets it make none up)."""
+    if greets_only(text, messages):
+        return greeting_reply(caller_name([text]))
+    if asks_own_name(text):
+        name = caller_name(caller_lines(messages) or [text])
+        if name:
+            return f"Your name is {name}."
+    return None
 
 
 def caller_lines(messages: list[dict]) -> list[str]:

@@ -19,7 +19,7 @@ import logging
 
 from llm.types import GenerationStats
 from pipeline.ports import LLMBackend
-from pipeline.receptionist.caller import caller_name, greeting_reply, greets_only
+from pipeline.receptionist.caller import own_reply
 from pipeline.stages.answer import AnswerStream
 from pipeline.stages.plan_step import plan_turn
 from pipeline.stages.tools_step import tool_turn
@@ -48,9 +48,11 @@ async def respond(backend: LLMBackend, messages: list[dict], reply: Reply) -> Re
     watcher = asyncio.create_task(note_barge_in())
     timeline.mark("llm_request")
     try:
-        if reply.greet_back and greets_only(reply.caller_text, messages):
-            # Nothing to answer: greeted back in our words, no model time (receptionist/caller.py).
-            answer.line(greeting_reply(caller_name([reply.caller_text])))
+        own = own_reply(reply.caller_text, messages) if reply.greet_back else None
+        if own is not None:
+            # A greeting, or the caller's own name asked for: said in our words, no model
+            # time (receptionist/caller.py).
+            answer.line(own)
         elif reply.toolbox is None:
             await answer.round(messages)
         elif reply.plan:

@@ -25,7 +25,7 @@ from llm.types import SamplingParams
 from pipeline.config import Config
 from pipeline.events import CallEvent, TurnEnd, TurnPending
 from pipeline.receptionist.business import FALLBACK
-from pipeline.receptionist.caller import greets_only
+from pipeline.receptionist.caller import own_reply
 from pipeline.ports import LLMBackend, SpeechToText, TextToSpeech
 from pipeline.sentences import SentenceSplitter
 from pipeline.stages.live_stt import LiveTranscript, TurnTranscript
@@ -86,7 +86,7 @@ class TranscriptSources:
             turns.announce_pauses = True
             preemptor = Preemptor(stt, backend, params, messages, executor=executor, emit=emit,
                                   first_round=first_round,
-                                  needs_llm=(lambda messages, text: not greets_only(text, messages))
+                                  needs_llm=(lambda messages, text: own_reply(text, messages) is None)
                                   if config.agent.greet_back else None)
             if turns.model is None:
                 preemptor.on_transcript = turns.heard  # "... for next" waits (silence mode)
