@@ -368,13 +368,13 @@ class FactBook:
 _EVERY_DAY = re.compile(r"\bevery day\b|\bdaily\b|\ball week\b|24/7|\b(?:7|seven) days a week\b")
 
 
-def _bare_key(p: Price) -> str:
-    """An item's name as a caller says it: "Plus plan (500 Mbps)" -> "Plus plan"."""
-    return re.sub(r"\s*\(.*?\)", "", p.key).strip()
+def _bare_key(key: str) -> str:
+    """An item's name as a caller says it, without its notes: "Plus plan (500 Mbps)" -> "Plus plan"."""
+    return " ".join(re.sub(r"\(.*?\)", " ", key).split())
 
 
 def _prices(prices: dict[str, str]) -> list[Price]:
-    phrases = {k: normalize(re.sub(r"\(.*?\)", "", k)).strip() for k in prices}
+    phrases = {k: normalize(_bare_key(k)) for k in prices}
     words = {k: topic_words(p) for k, p in phrases.items()}
     out = []
     for k, v in prices.items():
@@ -528,7 +528,7 @@ class FactGuard:
                     # "The Gigabit plan offers 500 Mbps speed." (specvoice chat, isp): the Plus
                     # plan's figure, said of the Gigabit plan. Its own line is what is true.
                     p = items[0]
-                    return Verdict(False, f"{fig!r} is the {_bare_key(other)}'s, not the {_bare_key(p)}'s",
+                    return Verdict(False, f"{fig!r} is the {_bare_key(other.key)}'s, not the {_bare_key(p.key)}'s",
                                    f"The {p.key} is {_end(p.value)}" if len(items) == 1 else None)
                 if about and not _PHONE.fullmatch(fig) and not re.fullmatch(r"\d{5,}", fig) \
                         and not any(topics & about for topics in having):
@@ -592,9 +592,10 @@ class FactGuard:
         holds `fig`; None when a named item's line, another fact or a tool result has it."""
         if not items or fig.startswith("$"):
             return None  # prices: the price rule judges them
-        lines = [(i, line) for i, line in enumerate(self.book.lines) if fig in self.book.line_figures[i]]
         owners = []
-        for _, line in lines:
+        for line, figs in zip(self.book.lines, self.book.line_figures):
+            if fig not in figs:
+                continue
             owner = next((p for p in self.book.prices if line.startswith(f"price of {normalize(p.key)}:")), None)
             if owner is None or owner in items:
                 return None  # a fact of its own, or the named item's
