@@ -321,7 +321,7 @@ class Call:
 
     def _reply(self, turn: Turn) -> Reply:
         cfg, tools = self.config.pipeline, self.config.tools
-        guard = turn_guard(self.guard, turn.user_text, turn.llm, self.toolbox, [u for u, _ in self.history.exchanges if u])
+        guard = turn_guard(self.guard, turn.user_text, turn.llm, self.toolbox, self.history.exchanges)
         return Reply.of(turn, params=self.params, splitter=SentenceSplitter(cfg.first_clause, cfg.first_clause_min_words),
                         emit=self.events.emit, toolbox=self.toolbox, hold_line=tools.hold_line, guard=guard,
                         plan=tools.plan, caller_text=turn.user_text, greet_back=self.config.agent.greet_back,

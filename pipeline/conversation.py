@@ -97,7 +97,7 @@ class TextConversation:
             timeline, llm=result, params=self.params, splitter=SentenceSplitter(p.first_clause, p.first_clause_min_words),
             turn=len(self.turns), emit=lambda e: events.append((e.kind, time.monotonic(), e.as_dict())),
             toolbox=self.toolbox, hold_line=self.config.tools.hold_line if self.toolbox is not None else "",
-            guard=turn_guard(self.guard, line, result, self.toolbox, [user for user, _ in self.history.exchanges if user]),
+            guard=turn_guard(self.guard, line, result, self.toolbox, self.history.exchanges),
             plan=self.config.tools.plan, caller_text=line, greet_back=self.config.agent.greet_back))
         said = " ".join(result.sentences)
         # What the caller heard, as a call keeps it.

@@ -638,3 +638,62 @@ def test_a_yes_to_a_slot_asked_by_its_part_of_the_day_is_the_slot_rules(dental):
     caller = "Do you have anything on Tuesday morning?"  # "morning" was held back as no fact
     assert check(dental, "Yes, Dr. Patel is available on Tuesday morning at 10:30 a.m.", caller).ok
     assert not check(dental, "Yes, Dr. Patel is available on Tuesday afternoon at 3 p.m.", caller).ok
+
+
+OFFERED = "One moment, please. I can book Wednesday 2:15 p.m. with Dr. Moreno for you. May I have your name?"
+
+
+def test_that_is_the_slot_the_agent_just_named(dental):
+    """ "Is that with Dr. Patel?" after the Wednesday slot with Dr. Moreno was offered got
+    "Yes, that's with Dr. Patel." (specvoice chat): "that" is the slot just named, and what
+    is said of it must fit it: its doctor, day and time."""
+    turn = TurnGuard(dental, "Is that with Dr. Patel?", agent_before=OFFERED)
+    assert turn("Yes, that's with Dr. Patel.") == "Actually, that's Wednesday 2:15 p.m. with Dr. Moreno."
+    assert "slot just named" in turn.guarded[0]["why"]
+    for caller, sentence in [("Is that with Dr. Moreno?", "Yes, that's with Dr. Moreno."),
+                             ("Is it on Wednesday?", "Yes, it's on Wednesday at 2:15 p.m."),
+                             ("Who is that with?", "That's with Dr. Moreno."),
+                             ("Which doctor is that one with?", "That one is with Dr. Moreno.")]:
+        assert TurnGuard(dental, caller, agent_before=OFFERED)(sentence) == sentence
+    assert TurnGuard(dental, "Who is that with?", agent_before=OFFERED)("That's with Dr. Patel.") != "That's with Dr. Patel."
+    assert TurnGuard(dental, "Is it on Tuesday?", agent_before=OFFERED)("Yes.") != "Yes."
+    assert TurnGuard(dental, "Which doctor is that one with?", agent_before=OFFERED)(
+        "That one is with Dr. Patel.") != "That one is with Dr. Patel."
+    # A caller who asks about something else: "that" is not the slot.
+    assert TurnGuard(dental, "What time do you close on Friday?", agent_before=OFFERED)(
+        "That is 6 p.m. on Friday.") == "That is 6 p.m. on Friday."
+    # As a call builds it: from the history's (caller, agent) exchanges.
+    from pipeline.receptionist.guard import turn_guard
+
+    result = LLMResult()
+    turn = turn_guard(dental, "Is that with Dr. Patel?", result, None, [("Can I get Wednesday?", OFFERED)])
+    assert turn("Yes, that's with Dr. Patel.") != "Yes, that's with Dr. Patel." and result.guarded
+    # Nothing named before: no rule to apply.
+    assert TurnGuard(dental, "Is that with Dr. Patel?")("Yes, that's with Dr. Patel.") == "Yes, that's with Dr. Patel."
+
+
+def test_a_question_ending_in_a_name_is_not_cut_at_a_tag(dental):
+    """ "Is that with Dr. Moreno?" was read as "is that with dr more" + the tag "no?", and
+    its yes held back for a dentist the facts do not have."""
+    assert check(dental, "Yes, that's with Dr. Moreno.", "Is that with Dr. Moreno?").ok
+    assert not check(dental, "Yes.", "You're open on Sundays, no?").ok  # a real tag still is one
+
+
+def test_a_sum_alone_answers_a_question_about_two_prices(dental):
+    """ "$148." to "How much for a cleaning and a check-up together?" ($89 + $59) was held
+    back as not the cleaning's price (specvoice chat). Another figure still is."""
+    for caller in ("How much for a cleaning and a check-up together?", "How much for a cleaning and a check-up?"):
+        assert check(dental, "$148.", caller).ok
+        assert not check(dental, "$150.", caller).ok
+    assert not check(dental, "$148.", "How much is a cleaning?").ok
+
+
+def test_the_friday_one_is_a_slot_not_the_figure_one(dental):
+    """ "Is the Friday one free again now?" was judged as claiming the figure 1, and its true
+    yes replaced with the opening hours (specvoice chat)."""
+    assert "friday ones" in normalize("Is the Friday one free again now?")
+    assert normalize("A table for one at one pm.") == "a table for 1 at 1 pm."
+    friday = "Friday 9:00 a.m. with Dr. Patel"
+    yes = f"Yes, the {friday} slot is now free."
+    assert dental.check(yes, Support.of(caller="Is the Friday one free again now?", slots=[friday])).ok
+    assert not dental.check(yes, Support.of(caller="Is the Friday one free again now?", slots=[])).ok

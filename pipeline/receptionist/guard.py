@@ -25,6 +25,10 @@ asks whether the facts carry it:
   agreement     "Yes" / "Sure" / "That's right" to a caller's yes-no question or "..., right?"
                 claim agrees with the claim: the claim itself must pass the rules above,
                 and what it asks about must be in the facts ("Is there parking?").
+  that          "Is that with Dr. Patel?" / "That's on Wednesday": a sentence that points back
+                at the slot the agent's last line named (an open, configured or booked slot)
+                must fit it: its doctor, day and time. The 1.5B said "Yes, that's with Dr.
+                Patel." of "Wednesday 2:15 p.m. with Dr. Moreno" (specvoice chat).
   caller's name "Your name is X" must be the name the caller gave in this call, and "I don't
                 have your name" is false once they gave one (pipeline/receptionist/caller.py):
                 the correction says the name.
@@ -93,6 +97,11 @@ _NORMAL_STEPS: list[tuple[tuple[str, ...], re.Pattern, str | Callable]] = [(t, r
 _PUNCT = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'", "\u201c": '"', "\u201d": '"', "\u2013": " - ",
                         "\u2014": " - ", "\u00a0": " "})
 _NUMBER_WORDS = tuple(_SMALL) + tuple(_TENS)
+# "one" as a pronoun: after a word that picks a thing out ("Is the Friday one free again
+# now?" was judged as the figure 1, not in the facts: specvoice chat). Written "ones" (a
+# stop word) so that no rule reads a figure there.
+_PRONOUN_ONE = re.compile(r"\b(that|this|which|other|another|same|first|second|last|next|earlier|later|morning|"
+                          r"afternoon|evening|monday|tuesday|wednesday|thursday|friday|saturday|sunday) one\b")
 
 
 @functools.lru_cache(maxsize=2048)
@@ -100,6 +109,8 @@ def normalize(text: str) -> str:
     """Lower case, one spelling per figure: "Nine A.M." / "9:00 am" -> "9 am", "eighty-nine
     dollars" -> "$89", "check-up" -> "check up", "Dr." -> "dr"."""
     t = text.lower().translate(_PUNCT)
+    if "one" in t:  # "the Friday one", "that one": a slot, not the figure 1
+        t = _PRONOUN_ONE.sub(r"\1 ones", t)
     if any(w in t for w in _NUMBER_WORDS):
         t = _NUM_WORD.sub(lambda m: str(_TENS[m.group(1)] + (_SMALL.index(m.group(2)) if m.group(2) else 0))
                           if m.group(1) else str(_SMALL.index(m.group(3))), t)
@@ -171,7 +182,9 @@ _OFFER = _words("we (?:do |also )?(?:offer|have|provide|sell|carry|serve|accept|
 _AGREE = re.compile(r"^(?:yes|yeah|yep|yup|sure|correct|right|that's right|that is right|that's correct|"
                     r"that is correct|exactly|absolutely|of course|indeed|certainly|definitely|you're right|"
                     r"you are right|true|that's true)\b")
-_TAG = re.compile(r"(?:,?\s*(?:right|correct|is that right|is that correct|is that true|isn't it|aren't you|"
+# A tag after a comma or a space: "Dr. Moreno?" ends in "no?" but is no "..., no?" tag
+# (it was cut to "Dr. More", held back as no dentist of the facts: specvoice chat).
+_TAG = re.compile(r"(?:(?:,\s*|\s+)(?:right|correct|is that right|is that correct|is that true|isn't it|aren't you|"
                   r"don't you|doesn't it|didn't it|won't it|isn't that right|yes|no))\s*\?\s*$")
 _YES_NO = re.compile(r"^(?:(?:so|and|but|also|um|hmm|great|ok|okay|well|oh|right|thanks)[ ,]+)*(?:do|does|did|is|are|"
                      r"was|were|can|could|will|would|have|has|should|may)\b")
@@ -418,6 +431,7 @@ class Support:
     # None: no database to ask, so what the agent says of them is not judged.
     booked: list[str] | None = None
     question: str = ""  # the caller's last question in this line (normalised), else the whole line
+    agent_before: str = ""  # the agent's line before this caller line (normalised): what "that" points at
     records: list[str] = field(default_factory=list)  # record numbers the caller named in this call, in order
     # What the caller's yes-no question asks about that no fact names ("" none; None: not
     # looked at yet): FactGuard._unknown_subject fills it at its first sentence.
@@ -425,8 +439,10 @@ class Support:
 
     @classmethod
     def of(cls, tool_calls: Iterable[dict] = (), slots: Sequence[str] | None = None, caller: str = "",
-           earlier: Iterable[str] = (), booked: Sequence[str] | None = None, name: str | None = None) -> "Support":
-        """`name`: the caller's, when the caller has it already (else read from their lines)."""
+           earlier: Iterable[str] = (), booked: Sequence[str] | None = None, name: str | None = None,
+           agent_before: str = "") -> "Support":
+        """`name`: the caller's, when the caller has it already (else read from their lines);
+        `agent_before`: what the agent said last, before `caller`."""
         earlier = list(earlier)
         results, done = [], set()
         for c in tool_calls:
@@ -447,7 +463,7 @@ class Support:
                    {d for t in [*results, *labels] for d in _days_in(t)}, re.sub(r"\D", "", said),
                    [_WORD.findall(normalize(x)) for x in [*earlier, caller] if x], name=name,
                    booked=None if booked is None else list(booked),
-                   question=questions[-1] if questions else normalize(caller),
+                   question=questions[-1] if questions else normalize(caller), agent_before=normalize(agent_before),
                    records=[x for line in [*earlier, caller] for x in _RECORD_ID.findall(normalize(line or ""))])
 
 
@@ -492,7 +508,7 @@ class FactGuard:
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
         for rule in (self._callers_name, self._actions, *(() if question else (self._callers_booking,)), self._names,
-                     self._records, self._days, self._slots, self._prices, self._figures,
+                     self._records, self._referent, self._days, self._slots, self._prices, self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
@@ -519,6 +535,9 @@ class FactGuard:
                     continue  # the price of an item the sentence names (the price rule checks which)
                 if len(items) > 1 and _TOGETHER.search(clause) and fig == _sum(items):
                     continue  # the items' prices added up ("together come to $338")
+                if not items and not topic_words(norm) and len(asked := self._priced_items(s.question)) > 1 \
+                        and fig == _sum(asked):
+                    continue  # a sum alone, of the items the caller asked about (the price rule)
                 lines = lines if lines is not None else self._support_lines(s)
                 having = [topics for figs, topics in lines if fig in figs]
                 if not having:
@@ -546,9 +565,12 @@ class FactGuard:
             if not money and not free or _NEGATION.search(clause) and not no_fee:
                 continue
             # A price alone ("It's $89.") is the price of what the caller asked about.
-            items = self._priced_items(clause) or (self._priced_items(s.question) if not topic_words(norm) else [])
+            named = self._priced_items(clause)
+            items = named or (self._priced_items(s.question) if not topic_words(norm) else [])
             if not items:
                 continue  # a figure about no priced item: the figure rule looks for it
+            if not named and len(items) > 1 and len(money) == 1 and money[0] == _sum(items):
+                continue  # "$148." to "How much for a cleaning and a check-up together?": their sum
             if len(money) == 1 and len(items) > 1 and _TOGETHER.search(clause):
                 if money[0] == _sum(items):
                     continue  # "... together come to $338": the sum
@@ -670,6 +692,27 @@ class FactGuard:
                         return Verdict(False, "no slot is open", "There are no open slots right now.")
                     return Verdict(False, "no open slot fits", "The open slots are: " + "; ".join(slots) + ".")
         return _OK
+
+    def _referent(self, norm: str, s: Support) -> Verdict:
+        """"Is that with Dr. Patel?" / "That's on Wednesday.": "that" is the slot the agent's
+        last line named, and what the sentence says of it must fit it (module doc, "that")."""
+        if not s.agent_before or not _POINTS_BACK.search(norm) or not _ASKS_BACK.search(s.caller):
+            return _OK  # the caller asked about something else: "that" is not the slot
+        doctors, days, times = _DOCTOR.findall(norm), _days_in(norm), _TIME.findall(norm)
+        if not (doctors or days or times):
+            return _OK
+        named = [(label, raw) for label, raw in self._slot_labels(s) if label in s.agent_before]
+        if not named or any(all(f"dr {d}" in label for d in doctors) and all(_DAY_WORDS_RE[d].search(label) for d in days)
+                            and all(_has_figure(label, t) for t in times) for label, _ in named):
+            return _OK
+        said = " or ".join(raw for _, raw in named)
+        return Verdict(False, f"says of the slot just named ({said}) what does not fit it", f"Actually, that's {said}.")
+
+    def _slot_labels(self, s: Support) -> list[tuple[str, str]]:
+        """(normalised, as written) of every slot the agent may have named: the configured
+        ones, the database's open ones now, the caller's booked ones."""
+        raw = dict.fromkeys([*self.book.slots, *(s.slots or []), *(s.booked or [])])
+        return [(normalize(x), x) for x in raw]
 
     def _records(self, norm: str, s: Support) -> Verdict:
         """A sentence about a record the facts hold one line for (an order number, in the
@@ -878,6 +921,14 @@ class FactGuard:
 
 
 _DAY_WORDS_RE = {i: re.compile(rf"\b{d.lower()}s?\b") for i, d in enumerate(DAYS)}
+# A sentence that points back at what the agent just named: "Is that with Dr. Patel?",
+# "That's on Wednesday", "Is it at 2:15?" ("it" only as a question's subject: "It's 6 pm on
+# Friday" answers the caller's own question more often than it points back).
+_POINTS_BACK = re.compile(r"\b(?:that|this)(?: ones?| slot| appointment| booking| time)?(?:'s| is| was| will be)\b|"
+                          r"^(?:(?:so|and|but|ok|okay|yes|yeah|oh|wait)[ ,]+)*(?:is|was|will) (?:that|this|it)\b")
+# A caller's line about what the agent just said: "Is that with Dr. Patel?", "Who is that
+# with?", "When's it?", "That's on Tuesday, right?".
+_ASKS_BACK = re.compile(r"\b(?:is|was|'s) (?:that|this|it)\b|\b(?:that|this)(?:'s| is| was| ones?)\b")
 _OFFER_VERBS = ("offer", "have", "provide", "sell", "carry", "serve", "accept", "take", "support", "available",
                 "order", "use")
 # Words a caller's yes-no question is made of that name nothing ("can I come in", "is there").
@@ -1099,13 +1150,14 @@ class TurnGuard:
 
     def __init__(self, guard: FactGuard, caller: str = "", tool_calls: list[dict] | None = None,
                  slots: Callable[[], Sequence[str] | None] | None = None, earlier: Sequence[str] = (),
-                 bookings: Callable[[str | None], Sequence[str]] | None = None):
+                 bookings: Callable[[str | None], Sequence[str]] | None = None, agent_before: str = ""):
         self.guard = guard
         self.caller = caller
         self.tool_calls = tool_calls if tool_calls is not None else []  # live: filled by the tool step
         self.slots = slots or (lambda: None)
         self.bookings = bookings  # the caller's name -> their booked slots (None: no database)
         self.earlier = list(earlier)
+        self.agent_before = agent_before
         self.guarded: list[dict] = []
         self.said: list[str] = []  # our replacements spoken this turn
         self._spoke = False
@@ -1124,7 +1176,8 @@ class TurnGuard:
                 booked = None if self.bookings is None else self.bookings(name)
             except Exception:  # ... and say nothing of the caller's bookings
                 booked = None
-            self._support = Support.of(self.tool_calls, slots, self.caller, self.earlier, booked, name)
+            self._support = Support.of(self.tool_calls, slots, self.caller, self.earlier, booked, name,
+                                       self.agent_before)
         return self._support
 
     def __call__(self, sentence: str) -> str | None:
@@ -1166,13 +1219,15 @@ class TurnGuard:
 
 
 def turn_guard(guard: FactGuard | None, caller: str, result: Any, toolbox: ToolRunner | None = None,
-               earlier: Sequence[str] = ()) -> TurnGuard | None:
+               exchanges: Sequence[tuple[str, str]] = ()) -> TurnGuard | None:
     """The guard of one turn (None without a guard): the caller's words, the turn's tool
     results as they come (`result.tool_calls`, filled by the tool step), the database's
-    open slots at each look (the tool box's store). `result.guarded` becomes its record."""
+    open slots at each look (the tool box's store), the call's earlier (caller, agent)
+    exchanges. `result.guarded` becomes its record."""
     if guard is None:
         return None
-    turn = TurnGuard(guard, caller, result.tool_calls, toolbox.open_slots if toolbox is not None else None, earlier,
-                     getattr(toolbox, "callers_bookings", None))
+    turn = TurnGuard(guard, caller, result.tool_calls, toolbox.open_slots if toolbox is not None else None,
+                     [user for user, _ in exchanges if user], getattr(toolbox, "callers_bookings", None),
+                     exchanges[-1][1] if exchanges else "")
     result.guarded = turn.guarded  # the same list: filled as the turn is spoken
     return turn
