@@ -75,6 +75,8 @@ def test_plan_filter_speaks_only_the_answer_however_it_is_split():
     assert f.feed('{"act": "bo') == "" and not f.holding
     assert f.feed('ok", "slot": "Tue') == "" and f.holding and f.act == "book"
     assert f.feed('sday"}') == "" and f.finish()[0] == ""
+    f = PlanFilter()  # ending the call: no hold line ("One moment, please. Goodbye.", specvoice chat)
+    assert f.feed('{"act": "end_call"') == "" and f.act == "end_call" and not f.holding
     f = PlanFilter()  # a backend that ignored the constraint: all of it is the answer
     assert f.feed("We open ") + f.feed("at 8.") + f.finish()[0] == "We open at 8."
 
@@ -660,3 +662,37 @@ def test_a_business_without_slots_plans_no_booking(tmp_path, store):
         shop.close()
     assert request.acts == ("answer",) and request.constraint is None and request.given
     assert {"book", "move", "cancel"} <= set(plan_request(messages, line, store, prefills=True).acts)
+
+
+def test_a_table_too_small_for_the_party_is_offered_away_not_booked(tmp_path):
+    """ "Do you have a table for four tomorrow?" was offered, then booked, "tomorrow 9:00
+    p.m., a table for 2" (specvoice chat, bistro). A slot that says how many it seats is
+    booked only for a party that fits; the caller hears the open tables that seat them."""
+    tables = ["tonight 6:30 p.m., a table for 2", "tonight 7:45 p.m., a table for 4", "tomorrow 9:00 p.m., a table for 2",
+              "tomorrow 6:00 p.m., a table for 4"]
+    s = open_store(tmp_path / "bistro.sqlite", open_slots=tables)
+    try:
+        box = ToolBox(s, "c")
+        asked = ["Do you have a table for four tomorrow?"]
+        o = act(Plan("book", tables[2], None), box, asked[0], asked)
+        # On the day they asked for (tomorrow), when a table that seats them is open then.
+        assert o.calls == [] and o.line == "For 4, the open slots are: tomorrow 6:00 p.m., a table for 4. Which would you like?"
+        o = act(Plan("book", tables[0], None), box, "A table for 4, please.", ["A table for 4, please."])
+        assert o.line == ("For 4, the open slots are: tonight 7:45 p.m., a table for 4; tomorrow 6:00 p.m., a table for 4. "
+                          "Which would you like?")
+        o = act(Plan("book", tables[2], "Joe Park"), box, "Great, name is Joe Park.", [*asked, "Great, name is Joe Park."])
+        assert o.calls == [] and s.bookings() == []
+        # A table that seats them (or more) is booked; so is any table when no party size was said.
+        assert act(Plan("book", tables[1], "Joe Park"), box, "The 7:45 then. Joe Park.",
+                   [*asked, "The 7:45 then. Joe Park."]).calls[0].ok
+        assert act(Plan("book", tables[0], "Ann Lee"), box, "Tonight at 6:30, I'm Ann Lee.",
+                   ["We'll be two.", "Tonight at 6:30, I'm Ann Lee."]).calls[0].ok
+        assert act(Plan("book", tables[2], "Bo Wu"), box, "Tomorrow at 9 please, I'm Bo Wu.",
+                   ["Tomorrow at 9 please, I'm Bo Wu."]).calls[0].ok
+        # Nothing open seats them: a message instead.
+        assert act(Plan("book", tables[3], "Cy Li"), box, "Tomorrow at 6 for four, I'm Cy Li.",
+                   ["Tomorrow at 6 for four, I'm Cy Li."]).calls[0].ok
+        o = act(Plan("book", tables[2], None), box, "A table for six tomorrow?", ["A table for six tomorrow?"])
+        assert o.line == "Sorry, no open table seats 6. I can take a message instead."
+    finally:
+        s.close()

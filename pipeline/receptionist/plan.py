@@ -404,6 +404,11 @@ def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str], agent_li
         # The caller asked for a day the slot is not on ("Monday at 9", no Monday slot):
         # the 1.5B planned the nearest slot there is (bench tools); offer, do not book.
         return Outcome(_not_a_slot(toolbox.store, "book"))
+    party, seats = _party([*lines, caller_text]), _seats(plan.slot)
+    if party and seats and party > seats:
+        # "Do you have a table for four tomorrow?" was offered, then booked, "tomorrow 9:00
+        # p.m., a table for 2" (specvoice chat, bistro): a table too small is offered away.
+        return Outcome(_seating(toolbox.store, party, [*lines, caller_text]))
     if not _chosen(plan.slot, [*lines, caller_text], agent_line):
         # "I'd like to book a cleaning." was booked into the first slot, and "Tell him I need
         # to move my appointment." (a message) into another (specvoice chat): a slot the
@@ -442,6 +447,49 @@ def _chosen(slot: str, caller_lines: list[str], agent_line: str) -> bool:
     hour = time_.group(0).removesuffix(":00") if time_ else None
     return bool(day and re.search(rf"\b{re.escape(day)}", said)) or bool(
         hour and re.search(rf"(?<![\d:]){re.escape(hour)}(?![\d])", said))
+
+
+_COUNT_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
+                                             "thirteen fourteen fifteen sixteen seventeen eighteen nineteen "
+                                             "twenty".split())}
+_COUNT = r"(\d{1,2}|" + "|".join(_COUNT_WORDS) + r")"
+# How many the caller books for: "a table for four", "for 6 people", "a party of twelve",
+# "we'll be three", "there are 5 of us".
+_PARTY = re.compile(rf"\b(?:(?:table|reservation|booking|room|party|something|anything) for {_COUNT}\b|"
+                    rf"party of {_COUNT}\b|for {_COUNT} (?:people|persons|guests|adults|of us)\b|"
+                    rf"(?:we(?:'re| are|'ll be| will be)|there(?:'re| are|'ll be| will be)) {_COUNT}\b)", re.IGNORECASE)
+
+
+def _party(caller_lines: list[str]) -> int | None:
+    """The party size the caller last named this call (None: none)."""
+    found = [next(g for g in m.groups() if g) for line in caller_lines for m in _PARTY.finditer(line)]
+    if not found:
+        return None
+    last = found[-1].casefold()
+    return int(last) if last.isdigit() else _COUNT_WORDS[last]
+
+
+def _seats(slot: str) -> int | None:
+    """How many a slot is for, when its label says ("tonight 6:30 p.m., a table for 2")."""
+    m = re.search(r"\bfor (\d{1,2})\b", slot)
+    return int(m.group(1)) if m else None
+
+
+def _seating(store: Any, party: int, caller_lines: list[str]) -> str:
+    """The open slots that seat `party` (those that say how many they are for), to choose
+    from: on the day the caller last named, when some are."""
+    try:
+        slots = [x for x in store.open_slots() if (_seats(x) or party) >= party]
+    except Exception:  # the database is down: offer nothing we cannot stand behind
+        slots = []
+    if not slots:
+        return f"Sorry, no open table seats {party}. I can take a message instead."
+    days = [m.group(0).casefold() for line in caller_lines for m in _DAY_WORD.finditer(line)]
+    on_day = [x for x in slots if days and x.split()[0].casefold().rstrip("s") == days[-1].rstrip("s")]
+    return f"For {party}, the open slots are: " + "; ".join(on_day or slots) + ". Which would you like?"
+
+
+_DAY_WORD = re.compile(r"\b(?:" + "|".join(DAYS) + r"|tonight|tomorrow)s?\b", re.IGNORECASE)
 
 
 def _offer(store: Any) -> str:

@@ -74,8 +74,10 @@ class PlanFilter:
 
     @property
     def holding(self) -> bool:
-        """An action's plan is being written (AnswerStream says the hold line then)."""
-        return self._state == "action"
+        """An action's plan is being written (AnswerStream says the hold line then). Not
+        for ending the call: "One moment, please. Goodbye." (specvoice chat) asks the
+        caller to wait for nothing."""
+        return self._state == "action" and self.act != "end_call"
 
     def finish(self) -> tuple[str, ToolCallParse]:
         if self._state == "head":  # no complete plan line: whatever it was, it is the answer
