@@ -697,3 +697,21 @@ def test_the_friday_one_is_a_slot_not_the_figure_one(dental):
     yes = f"Yes, the {friday} slot is now free."
     assert dental.check(yes, Support.of(caller="Is the Friday one free again now?", slots=[friday])).ok
     assert not dental.check(yes, Support.of(caller="Is the Friday one free again now?", slots=[])).ok
+
+
+def test_a_slot_claim_is_judged_by_its_doctor_however_named(dental):
+    """ "Yes, Dr. Priya Patel will be available on Tuesday at 10:30 a.m." (true) was held back:
+    the slot says "Dr. Patel", and "priya" is not in it. And "Dr. Moreno is available on
+    Friday at 9:00 a.m. with Dr. Patel." (Friday is Dr. Patel's) passed: with two doctors
+    named, none was checked (specvoice chat)."""
+    tuesday = "Do you have anything on Tuesday?"
+    assert check(dental, "Yes, Dr. Priya Patel will be available on Tuesday at 10:30 a.m.", tuesday).ok
+    assert not check(dental, "Yes, Dr. Luis Moreno will be available on Tuesday at 10:30 a.m.", tuesday).ok
+    assert not check(dental, "Dr. Moreno is available on Friday at 9:00 a.m. with Dr. Patel.", "What about Friday?").ok
+    assert not check(dental, "Dr. Patel and Dr. Moreno are available on Friday.", "Who is free on Friday?").ok
+    # A list of days and doctors is several slots: each as it is.
+    assert check(dental, "Dr. Patel is available on Tuesday and Friday, and Dr. Moreno on Wednesday.", "Who is free?").ok
+    assert check(dental, "We have slots available on Tuesday 10:30 a.m. with Dr. Patel and Wednesday 2:15 p.m. with "
+                         "Dr. Moreno.", "What times do you have this week?").ok  # bench tools
+    turn = TurnGuard(dental, "Is that with Dr. Priya?", agent_before="I can book Tuesday 10:30 a.m. with Dr. Patel for you.")
+    assert turn("Yes, that's with Dr. Priya Patel.") == "Yes, that's with Dr. Priya Patel."

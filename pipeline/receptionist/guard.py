@@ -16,7 +16,8 @@ asks whether the facts carry it:
   days          a day said to be closed must be closed in `[business.hours]`, a day said to
                 be open must be open; a day no fact, result or slot names may not be said.
   slots         "a slot / an opening / available / a table for N" with a day or time must
-                match one open slot (the database's, at that moment).
+                match one open slot (the database's, at that moment), with the doctor(s) it
+                names ("Dr. Priya" is Dr. Patel: `FactBook.surnames`).
   names         "Dr. X" must be a person of the facts; any capitalised word mid-sentence must
                 be in the facts, the results or the caller's own words.
   offers        "we offer / we have / there is ..." may name only things the facts name.
@@ -322,6 +323,11 @@ class FactBook:
     days: set[int] = field(default_factory=set)  # weekdays the facts name (ranges expanded)
     norm_hours: dict[int, str] = field(default_factory=dict)
     said: list[str | None] = field(default_factory=list)  # each line as a sentence to say, or None
+    surnames: dict[str, str] = field(default_factory=dict)  # "priya" -> "patel": a slot names the surname
+
+    def doctor(self, name: str) -> str:
+        """A name said after "Dr." as slots name the doctor: "Dr. Priya" is Dr. Patel."""
+        return self.surnames.get(name, name)
 
     def closest(self, norm: str) -> str | None:
         """The fact most about what `norm` is about (most topic words shared; of those, one
@@ -369,15 +375,20 @@ class FactBook:
         if per_day is not None:
             hours = {i: v for i, (_, v) in enumerate(per_day)}
         people = {m.group(1) for line in lines for m in _DOCTOR.finditer(line)}
+        surnames: dict[str, str] = {}
         for line in lines:  # "Dentists: Dr. Priya Patel and Dr. Luis Moreno": first names too
             for m in re.finditer(r"\bdr (\w+) (\w+)", line):
                 people.add(m.group(2))
+                if m.group(2) not in _NOT_A_SURNAME:
+                    surnames[m.group(1)] = m.group(2)
         return cls(b, lines, [topic_words(line) for line in lines], [set(figures(line)) for line in lines], vocab,
                    raw_vocab, prices, hours, people, list(b.open_slots or []), b.fallback or FALLBACK,
                    [normalize(x) for x in b.open_slots or []], set(hours or ()) | {d for x in lines for d in _days_in(x)},
-                   {d: normalize(v) for d, v in (hours or {}).items()}, [said for _, said in pairs])
+                   {d: normalize(v) for d, v in (hours or {}).items()}, [said for _, said in pairs], surnames)
 
 
+# Words that may follow "Dr. X" in a fact and are no surname ("Dr. Patel and ...").
+_NOT_A_SURNAME = frozenset("and or is on at in with for the has works will can".split())
 _EVERY_DAY = re.compile(r"\bevery day\b|\bdaily\b|\ball week\b|24/7|\b(?:7|seven) days a week\b")
 
 
@@ -671,7 +682,7 @@ class FactGuard:
         for clause in _clauses(norm):
             if not _AVAILABLE.search(clause) or _NEGATION.search(clause):
                 continue
-            doctors = _DOCTOR.findall(clause)
+            doctors = [self.book.doctor(d) for d in _DOCTOR.findall(clause)]
             labels = s.labels if s.slots is not None else self.book.labels
             for part in _per_time(clause):  # "a table for 4 at 6 pm and a table for 2 at 9 pm": two claims
                 times, days, rel, counts = _TIME.findall(part), _days_in(part), _RELATIVE.findall(part), \
@@ -679,12 +690,18 @@ class FactGuard:
                 parts = _PART_OF_DAY.findall(part)
                 if not (times or days or rel or counts or parts):
                     continue
+                # The doctors the claim is of: the clause's one, or, where the part names one day
+                # or time, all it names ("Dr. Moreno is available on Friday at 9:00 a.m. with Dr.
+                # Patel" of Dr. Patel's slot, specvoice chat); a list of days and doctors is not one slot.
+                # (A part begins after a time: its leading "with dr patel" is the time's before it.)
+                here = [self.book.doctor(d) for d in _DOCTOR.findall(re.sub(r"^[\s,]*with dr \w+", "", part))]
+                of = doctors if len(doctors) == 1 else here if len(here) > 1 and len(set(days)) <= 1 and len(times) <= 1 else []
                 # Each day named is a claim of its own ("mornings on Tuesday and Friday").
                 if not all(any(all(_has_figure(label, t) for t in times)
                                and (day is None or _DAY_WORDS_RE[day].search(label))
                                and all(r in label for r in rel)
                                and all(_in_part_of_day(label, p) for p in parts)
-                               and (len(doctors) != 1 or doctors[0] in label)
+                               and all(f"dr {d}" in label for d in of)
                                and all(re.search(rf"\b(?:for|of) {n}\b", label) for n in counts) for label in labels)
                            for day in days or [None]):
                     slots = self._open_slots(s)
@@ -698,7 +715,7 @@ class FactGuard:
         last line named, and what the sentence says of it must fit it (module doc, "that")."""
         if not s.agent_before or not _POINTS_BACK.search(norm) or not _ASKS_BACK.search(s.caller):
             return _OK  # the caller asked about something else: "that" is not the slot
-        doctors, days, times = _DOCTOR.findall(norm), _days_in(norm), _TIME.findall(norm)
+        doctors, days, times = [self.book.doctor(d) for d in _DOCTOR.findall(norm)], _days_in(norm), _TIME.findall(norm)
         if not (doctors or days or times):
             return _OK
         named = [(label, raw) for label, raw in self._slot_labels(s) if label in s.agent_before]
