@@ -14,7 +14,8 @@ import pytest
 from callfakes import ScriptedBackend
 from llm.types import SamplingParams
 from pipeline.receptionist.bookings import open_store
-from pipeline.receptionist.plan import ANSWER_ONLY_GRAMMAR, OTHER_SLOT, Plan, act, allowed_acts, parse_plan, plan_grammar
+from pipeline.receptionist.plan import (ANSWER_ONLY_GRAMMAR, OTHER_SLOT, Plan, _party, act, allowed_acts, parse_plan,
+                                        plan_grammar)
 from pipeline.stages.plan_step import PlanFilter
 from pipeline.stages.respond import respond
 from pipeline.timeline import TurnTimeline
@@ -693,6 +694,10 @@ def test_a_table_too_small_for_the_party_is_offered_away_not_booked(tmp_path):
         assert act(Plan("book", tables[3], "Cy Li"), box, "Tomorrow at 6 for four, I'm Cy Li.",
                    ["Tomorrow at 6 for four, I'm Cy Li."]).calls[0].ok
         o = act(Plan("book", tables[2], None), box, "A table for six tomorrow?", ["A table for six tomorrow?"])
-        assert o.line == "Sorry, no open table seats 6. I can take a message instead."
+        assert o.line == "Sorry, no open slot has room for 6. I can take a message instead."
+        # A time is no party size.
+        for line in ("Do you have something for 8 pm?", "A table for 7:30, please.", "Anything for 8 o'clock?"):
+            assert _party([line]) is None, line
+        assert _party(["A table for four at 8 pm.", "We'll be five actually."]) == 5
     finally:
         s.close()

@@ -452,7 +452,8 @@ def _chosen(slot: str, caller_lines: list[str], agent_line: str) -> bool:
 _COUNT_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
                                              "thirteen fourteen fifteen sixteen seventeen eighteen nineteen "
                                              "twenty".split())}
-_COUNT = r"(\d{1,2}|" + "|".join(_COUNT_WORDS) + r")"
+# A count, not a time ("something for 8 pm", "a table for 7:30", "for 8 o'clock").
+_COUNT = r"(\d{1,2}|" + "|".join(_COUNT_WORDS) + r")(?!\s*(?:[ap]\.?\s?m\b|:|o'?clock|in the|at night))"
 # How many the caller books for: "a table for four", "for 6 people", "a party of twelve",
 # "we'll be three", "there are 5 of us".
 _PARTY = re.compile(rf"\b(?:(?:table|reservation|booking|room|party|something|anything) for {_COUNT}\b|"
@@ -483,7 +484,7 @@ def _seating(store: Any, party: int, caller_lines: list[str]) -> str:
     except Exception:  # the database is down: offer nothing we cannot stand behind
         slots = []
     if not slots:
-        return f"Sorry, no open table seats {party}. I can take a message instead."
+        return f"Sorry, no open slot has room for {party}. I can take a message instead."
     days = [m.group(0).casefold() for line in caller_lines for m in _DAY_WORD.finditer(line)]
     on_day = [x for x in slots if days and x.split()[0].casefold().rstrip("s") == days[-1].rstrip("s")]
     return f"For {party}, the open slots are: " + "; ".join(on_day or slots) + ". Which would you like?"
