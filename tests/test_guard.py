@@ -715,3 +715,15 @@ def test_a_slot_claim_is_judged_by_its_doctor_however_named(dental):
                          "Dr. Moreno.", "What times do you have this week?").ok  # bench tools
     turn = TurnGuard(dental, "Is that with Dr. Priya?", agent_before="I can book Tuesday 10:30 a.m. with Dr. Patel for you.")
     assert turn("Yes, that's with Dr. Priya Patel.") == "Yes, that's with Dr. Priya Patel."
+
+
+def test_it_asked_of_a_record_named_earlier_is_that_record():
+    """ "What's the status of order 48377?" (still being packed, ships tomorrow), then "Is it
+    shipped?" got "Yes, it is shipped." (specvoice chat, shop): "it" is the order named
+    earlier in the call, and "is shipped" a status its line must have."""
+    shop = FactGuard(business("shop"))
+    said = ("What's the status of order 48377?",)
+    v = check(shop, "Yes, it is shipped.", "Is it shipped?", said)
+    assert not v.ok and "shipped" in v.why and v.correction and "48377" in v.correction
+    assert check(shop, "No, it ships tomorrow.", "Is it shipped?", said).ok
+    assert check(shop, "Yes, it is shipped.", "Is it shipped?", ("Where is my order 48213?",)).ok  # 48213 shipped

@@ -738,8 +738,10 @@ class FactGuard:
         The 1.5B said order 48213 was "being packed" (that is 48377), that 48377 "has
         shipped" (it ships tomorrow), that 48213 arrives Monday (it shipped Monday, arrives
         Thursday): bench quality."""
+        # "your order", or "it" asked of and answered ("Is it shipped?" "Yes, it is shipped.",
+        # specvoice chat, shop): the record last named in the call.
         ids = _RECORD_ID.findall(norm) or _RECORD_ID.findall(s.caller) or (
-            s.records[-1:] if _YOUR_RECORD.search(norm) else [])  # "your order": the one named in the call
+            s.records[-1:] if _YOUR_RECORD.search(norm) or _IT.search(norm) and _IT.search(s.caller) else [])
         if not ids:
             return _OK
         for i, line in enumerate(self.book.lines):
@@ -978,11 +980,12 @@ _GENERIC = {_stem(w) for w in """range ranges variety selection kind kinds type 
 
 
 # The caller's record, unnumbered ("your order was over $50"): the one they named in the call.
+_IT = re.compile(r"\b(?:it|it's|its)\b")
 _YOUR_RECORD = re.compile(r"\b(?:your|my) (?:order|package|parcel|delivery|shipment|account|ticket)\b")
 # A record's number ("order 48213"): five digits or more, standing alone.
 _RECORD_ID = re.compile(r"(?<![\w.-])(\d{5,})(?![\w-]|\.\d)")
 # A status said as done or under way ("has shipped", "being packed"), not as to come ("will be shipped").
-_STATUS = re.compile(r"\b(?:(?:has|have|had|was|were|already|got)(?: been| already)? (shipped|delivered|arrived|dispatched|"
+_STATUS = re.compile(r"\b(?:(?:has|have|had|is|are|was|were|already|got)(?: been| already)? (shipped|delivered|arrived|dispatched|"
                      r"refunded|returned|packed|processed)|being (packed|processed))\b")
 _ARRIVAL_DAY = re.compile(r"\b(?:arriv\w*|deliver\w*|get there|reach you)\b(?: \w+){0,2}? (?:on |by )?" + _DAY_NAME)
 # A caller's yes-no question, up to what it asks about ("do you have", "can I", "is there").
