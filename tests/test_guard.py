@@ -727,3 +727,38 @@ def test_it_asked_of_a_record_named_earlier_is_that_record():
     assert not v.ok and "shipped" in v.why and v.correction and "48377" in v.correction
     assert check(shop, "No, it ships tomorrow.", "Is it shipped?", said).ok
     assert check(shop, "Yes, it is shipped.", "Is it shipped?", ("Where is my order 48213?",)).ok  # 48213 shipped
+
+
+def test_a_doctors_days_must_be_in_the_facts_or_the_slots(dental):
+    """ "Is Dr. Moreno in on Fridays?" got "Yes, Dr. Moreno is in on Fridays." (specvoice
+    chat): the facts name the dentists, not their days, and Friday's slot is Dr. Patel's."""
+    fridays = "Is Dr. Moreno in on Fridays?"
+    for said in ("Yes, Dr. Moreno is in on Fridays.", "Yes.", "Dr. Luis Moreno is in on Friday."):
+        v = check(dental, said, fridays)
+        assert not v.ok and "Moreno" in v.why
+        assert v.correction == "I can't confirm which days Dr. Moreno is in; Dr. Moreno's open slot is Wednesday 2:15 p.m."
+    # A day one of the doctor's slots is on backs it; saying it is not is what is wrong then.
+    assert check(dental, "Yes, Dr. Priya Patel is in on Friday.", "Is Dr. Patel in on Fridays?").ok
+    v = check(dental, "No, Dr. Patel isn't in on Fridays.", "Is Dr. Patel in on Fridays?")
+    assert not v.ok and v.correction == "Actually, Dr. Patel has an open slot on Friday 9:00 a.m."
+    assert check(dental, "No, Dr. Moreno is not in on Fridays.", fridays).ok
+    # Days from the database's slots at that moment, and from the facts when they say them.
+    thursday = Support.of(caller="Is Dr. Moreno in on Thursday?", slots=["Thursday 4:00 p.m. with Dr. Moreno"])
+    assert dental.check("Dr. Moreno is in on Thursday.", thursday).ok
+    days = default_business().model_copy(update={"facts": ["Dr. Luis Moreno works Mondays and Fridays"]})
+    assert check(FactGuard(days), "Yes, Dr. Moreno is in on Fridays.", fridays).ok
+
+
+def test_your_figure_is_of_the_item_the_caller_said_is_theirs(guards):
+    """ "Your internet speed is currently 500 Mbps" was said to a caller on the Gigabit plan
+    (specvoice chat, isp): the sentence names no plan, but "your" is the one the caller named."""
+    isp = guards["isp"]
+    gigabit = ("Hi, I'm on the Gigabit plan and my internet is slow.",)
+    v = check(isp, "Your internet speed is currently 500 Mbps.", "What speed should I get?", gigabit)
+    assert not v.ok and "Plus" in v.why and v.correction == "The Gigabit plan is $79.99 a month."
+    plus = ("Hi, I'm on the Plus plan and my internet is slow.",)
+    assert check(isp, "Your internet speed should be 500 Mbps.", "What speed should I get?", plus).ok
+    assert not check(isp, "Your plan gives you 500 Mbps.", "What speed do I get?", ("I'm on the Basic plan.",)).ok
+    # Two plans named, or none: whose figure it is cannot be told, so it is not judged this way.
+    assert check(isp, "Your speed is 500 Mbps.", "What speed do I have?", ("I'm on Plus. Is Gigabit faster?",)).ok
+    assert check(isp, "Your speed is 500 Mbps.", "What speed do I have?").ok

@@ -519,7 +519,8 @@ class FactGuard:
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
         for rule in (self._callers_name, self._actions, *(() if question else (self._callers_booking,)), self._names,
-                     self._records, self._referent, self._days, self._slots, self._prices, self._figures,
+                     self._records, self._referent, self._days, self._slots, self._doctors_days, self._prices,
+                     self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
@@ -536,6 +537,9 @@ class FactGuard:
         # to "Good morning, my name is Tom Baker. How much is a check-up?" is about the check-up).
         about = topic_words(norm) or topic_words(s.question)
         items = self._priced_items(norm)
+        # "Your internet speed is 500 Mbps" names no item, but "your" is the caller's, and the
+        # one priced item their lines named ("I'm on the Gigabit plan") is what it is about.
+        theirs = self._callers_item(s) if not items and _YOUR.search(norm) else []
         for clause in _clauses(norm):
             if _NEGATION.search(clause):
                 continue  # "we don't close at 11 pm": denying a figure asserts none
@@ -553,18 +557,24 @@ class FactGuard:
                 having = [topics for figs, topics in lines if fig in figs]
                 if not having:
                     return Verdict(False, f"{fig!r} is not in the facts")
-                other = self._only_another_items(fig, items, s)
+                other = self._only_another_items(fig, items or theirs, s)
                 if other is not None:
                     # "The Gigabit plan offers 500 Mbps speed." (specvoice chat, isp): the Plus
                     # plan's figure, said of the Gigabit plan. Its own line is what is true.
-                    p = items[0]
+                    named = items or theirs
+                    p = named[0]
                     return Verdict(False, f"{fig!r} is the {_bare_key(other.key)}'s, not the {_bare_key(p.key)}'s",
-                                   f"The {p.key} is {_end(p.value)}" if len(items) == 1 else None)
+                                   f"The {p.key} is {_end(p.value)}" if len(named) == 1 else None)
                 if about and not _PHONE.fullmatch(fig) and not re.fullmatch(r"\d{5,}", fig) \
                         and not any(topics & about for topics in having):
                     # A phone or order number names one thing; "$120" or "2 days" may be another item's.
                     return Verdict(False, f"{fig!r} is in the facts, but not about {_as_said(sorted(about), norm)}")
         return _OK
+
+    def _callers_item(self, s: Support) -> list[Price]:
+        """The priced item the caller's lines of the call name, when they name exactly one."""
+        named = self._priced_items(" ".join(" ".join(line) for line in s.said_lines))
+        return named if len(named) == 1 else []
 
     def _prices(self, norm: str, s: Support) -> Verdict:
         if not self.book.prices:
@@ -708,6 +718,36 @@ class FactGuard:
                     if not slots:
                         return Verdict(False, "no slot is open", "There are no open slots right now.")
                     return Verdict(False, "no open slot fits", "The open slots are: " + "; ".join(slots) + ".")
+        return _OK
+
+    def _doctors_days(self, norm: str, s: Support) -> Verdict:
+        """"Dr. Moreno is in on Fridays." says which days a doctor works: true only where a fact
+        or a slot (configured, open now, or the caller's) puts that doctor on that day. The
+        facts name the dentists, not their days; "Is Dr. Moreno in on Fridays?" got "Yes, Dr.
+        Moreno is in on Fridays." (specvoice chat), and the slot rule, which needs "available"
+        or a slot word, let it pass. Said of the caller's question, a "yes" is judged the same
+        way (the agreement rule runs these rules on it)."""
+        sources = [*self.book.lines, *self.book.labels, *s.labels, *(normalize(b) for b in s.booked or [])]
+        for clause in _clauses(norm):
+            if not _PRESENT.search(clause):
+                continue
+            negated = bool(_NEGATION.search(clause))
+            for doctor in dict.fromkeys(self.book.doctor(d) for d in _DOCTOR.findall(clause)):
+                name = f"Dr. {doctor.capitalize()}"
+                theirs = [x for x in self._open_slots(s) if re.search(rf"\b{doctor}\b", normalize(x))]
+                for day in _days_in(clause):
+                    backed = [x for x in sources if re.search(rf"\b{doctor}\b", x) and _DAY_WORDS_RE[day].search(x)]
+                    if negated and backed:  # "Dr. Patel isn't in on Fridays" of her Friday slot
+                        on_day = [_slot_time(x) for x in theirs if _DAY_WORDS_RE[day].search(normalize(x))]
+                        said = _end(f"Actually, {name} has an open slot on {on_day[0]}") if on_day else None
+                        return Verdict(False, f"{name} has a {DAYS[day]} slot", said)
+                    if not negated and not backed:
+                        said = None
+                        if theirs:
+                            said = _end(f"I can't confirm which days {name} is in; {name}'s open "
+                                        + (f"slot is {_slot_time(theirs[0])}" if len(theirs) == 1 else
+                                           "slots are " + "; ".join(_slot_time(x) for x in theirs)))
+                        return Verdict(False, f"the facts do not put {name} on {DAYS[day]}", said)
         return _OK
 
     def _referent(self, norm: str, s: Support) -> Verdict:
@@ -979,6 +1019,18 @@ _GENERIC = {_stem(w) for w in """range ranges variety selection kind kinds type 
     services option options wide full""".split()}
 
 
+# A doctor said to be at work ("is in", "works", "sees patients"), in a statement or a
+# question ("is dr moreno in on fridays"): the days it names are the doctor's days.
+_PRESENT = re.compile(r"\b(?:is|are|'s|be)(?:n't| not)?(?: dr \w+)? (?:in|there|here|around|working|on duty)\b|"
+                      r"\bworks?\b|\bsees? patients\b|\bcomes? in\b")
+
+
+def _slot_time(slot: str) -> str:
+    """A slot as said of its doctor: "Wednesday 2:15 p.m. with Dr. Moreno" -> "Wednesday 2:15 p.m."."""
+    return re.sub(r"\s*,?\s*with Dr\.? \w+(?: \w+)?$", "", slot, flags=re.IGNORECASE).strip() or slot
+
+
+_YOUR = re.compile(r"\byour\b")
 # The caller's record, unnumbered ("your order was over $50"): the one they named in the call.
 _IT = re.compile(r"\b(?:it|it's|its)\b")
 _YOUR_RECORD = re.compile(r"\b(?:your|my) (?:order|package|parcel|delivery|shipment|account|ticket)\b")
