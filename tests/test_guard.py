@@ -762,3 +762,60 @@ def test_your_figure_is_of_the_item_the_caller_said_is_theirs(guards):
     # Two plans named, or none: whose figure it is cannot be told, so it is not judged this way.
     assert check(isp, "Your speed is 500 Mbps.", "What speed do I have?", ("I'm on Plus. Is Gigabit faster?",)).ok
     assert check(isp, "Your speed is 500 Mbps.", "What speed do I have?").ok
+
+
+def test_a_lowest_price_is_not_called_exact(dental):
+    """ "The filling is from $120." then "Is that the exact price?" got "Yes, that is the exact
+    price." (specvoice chat): "from $120" is where the price starts."""
+    before = "The filling is from $120."
+    for said in ("Yes, that is the exact price.", "Yes."):
+        v = dental.check(said, Support.of(caller="Is that the exact price?", agent_before=before))
+        assert not v.ok and v.correction == "The filling is from $120: that is where its price starts."
+    assert not ok(dental, "The exact price of a filling is $120.", "How much is a filling exactly?")
+    # A price that is a price may be called exact.
+    assert dental.check("Yes, that is the exact price.",
+                        Support.of(caller="Is that the exact price?", agent_before="A cleaning is $89.")).ok
+
+
+def test_a_slot_named_by_day_and_time_has_only_its_own_doctor(dental):
+    """ "Dr. Moreno will be performing a check-up on Tuesday 10:30 a.m. with Dr. Patel." was
+    said of Dr. Patel's slot (specvoice chat): no "available", so the slot rule did not look."""
+    v = check(dental, "Dr. Moreno will be performing a check-up on Tuesday 10:30 a.m. with Dr. Patel.",
+              "What does he have then?")
+    assert not v.ok and v.why == "names Dr. Moreno on Tuesday 10:30 a.m. with Dr. Patel"
+    assert v.correction == "Actually, that slot is Tuesday 10:30 a.m. with Dr. Patel."
+    assert check(dental, "Your appointment on Tuesday at 10:30 a.m. is with Dr. Patel.", "With whom?").ok
+    assert check(dental, "Dr. Patel on Tuesday at 10:30 a.m. and Dr. Moreno on Wednesday at 2:15 p.m.", "Who?").ok
+
+
+def test_a_figure_on_another_items_fact_line_is_not_the_asked_items(guards):
+    """ "How long does standard shipping take?" got "2 days" (specvoice chat, shop): the facts
+    say express shipping takes 2 days, and nothing of standard shipping's time."""
+    shop = guards["shop"]
+    for said in ("2 days", "Standard shipping takes 2 days."):
+        v = check(shop, said, "How long does standard shipping take?")
+        assert not v.ok and "express shipping" in v.why
+        assert v.correction == "The standard shipping is free over $50, otherwise $6.95."
+    assert check(shop, "2 days", "How long does express shipping take?").ok
+    assert check(shop, "Express shipping takes 2 days.", "How long does standard shipping take?").ok
+
+
+def test_a_price_waived_for_the_callers_plan_is_free_for_them(guards):
+    """ "No, you do not pay for a technician visit." to "I'm on the Plus plan. Do I pay for a
+    technician visit?" was held back as a claim that the visit is free (specvoice chat, isp):
+    it is waived for Plus and Gigabit customers, and the caller said they are one."""
+    isp = guards["isp"]
+    no = "No, you do not pay for a technician visit."
+    assert check(isp, no, "I'm on the Plus plan. Do I pay for a technician visit?").ok
+    assert not check(isp, no, "Do I pay for a technician visit?", ("I'm on the Basic plan.",)).ok
+    assert not check(isp, no, "Do I pay for a technician visit?").ok
+
+
+def test_the_fallback_the_model_said_is_not_said_again(guards):
+    """The model said the fallback, then "Please try again later.", held back and replaced by
+    the fallback: the caller heard it twice in one answer (specvoice chat, isp)."""
+    turn = TurnGuard(guards["isp"], "Can you send a technician? I'm on the Basic plan.")
+    said = [turn(x) for x in ("I'm not sure about that.", "I can take a message and have someone call you back.",
+                              "Please try again later.")]
+    assert said == ["I'm not sure about that.", "I can take a message and have someone call you back.", None]
+    assert turn.guarded[0]["sentence"] == "Please try again later." and turn.guarded[0]["said"] is None

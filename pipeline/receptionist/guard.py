@@ -520,7 +520,7 @@ class FactGuard:
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
         for rule in (self._callers_name, self._actions, *(() if question else (self._callers_booking,)), self._names,
                      self._records, self._referent, self._days, self._slots, self._doctors_days, self._prices,
-                     self._figures,
+                     self._exact_price, self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
@@ -540,6 +540,9 @@ class FactGuard:
         # "Your internet speed is 500 Mbps" names no item, but "your" is the caller's, and the
         # one priced item their lines named ("I'm on the Gigabit plan") is what it is about.
         theirs = self._callers_item(s) if not items and _YOUR.search(norm) else []
+        # A bare answer ("2 days.") is about what the question names ("How long does standard
+        # shipping take?"): its item's line must hold the figure, not another item's.
+        theirs = theirs or (self._priced_items(s.question) if not items and not topic_words(norm) else [])
         for clause in _clauses(norm):
             if _NEGATION.search(clause):
                 continue  # "we don't close at 11 pm": denying a figure asserts none
@@ -571,10 +574,49 @@ class FactGuard:
                     return Verdict(False, f"{fig!r} is in the facts, but not about {_as_said(sorted(about), norm)}")
         return _OK
 
-    def _callers_item(self, s: Support) -> list[Price]:
-        """The priced item the caller's lines of the call name, when they name exactly one."""
-        named = self._priced_items(" ".join(" ".join(line) for line in s.said_lines))
+    def _doctor_on_slot(self, clause: str, s: Support) -> Verdict:
+        """A clause that names one slot by its day and time (whatever its verb: "Dr. Moreno will
+        be performing a check-up on Tuesday 10:30 a.m. with Dr. Patel", specvoice chat) names
+        only that slot's doctor. The slot rule above judges claims that something is open."""
+        doctors = {self.book.doctor(d) for d in _DOCTOR.findall(clause)}
+        days, times = set(_days_in(clause)), _TIME.findall(clause)
+        if not doctors or len(days) != 1 or len(times) != 1 or _NEGATION.search(clause):
+            return _OK
+        day = days.pop()
+        slots = [(label, raw) for label, raw in self._slot_labels(s)
+                 if _DAY_WORDS_RE[day].search(label) and _has_figure(label, times[0]) and _DOCTOR.search(label)]
+        if not slots or any(all(re.search(rf"\bdr {d}\b", label) for d in doctors) for label, _ in slots):
+            return _OK
+        label, raw = slots[0]
+        wrong = sorted(f"Dr. {d.capitalize()}" for d in doctors if not re.search(rf"\bdr {d}\b", label))
+        return Verdict(False, f"names {' and '.join(wrong)} on {raw}", _end(f"Actually, that slot is {raw}"))
+
+    def _exact_price(self, norm: str, s: Support) -> Verdict:
+        """"Is that the exact price?" "Yes, that is the exact price." of "The filling is from
+        $120." (specvoice chat): a lowest price called exact. The item is the sentence's, else
+        the question's, else the one the agent's line before named ("that")."""
+        if not _EXACT.search(norm) or _NEGATION.search(norm):
+            return _OK
+        items = self._priced_items(norm) or self._priced_items(s.question) or self._priced_items(s.agent_before)
+        lowest = [p for p in items if p.norm_value.startswith("from ")]
+        if not lowest:
+            return _OK
+        p = lowest[0]
+        return Verdict(False, f"calls {p.key}'s lowest price exact ({p.value})",
+                       f"The {p.key} is {p.value}: that is where its price starts.")
+
+    def _callers_item(self, s: Support, besides: Sequence[Price] = ()) -> list[Price]:
+        """The priced item the caller's lines of the call name (other than `besides`), when
+        they name exactly one: "I'm on the Plus plan"."""
+        named = [p for p in self._priced_items(" ".join(" ".join(line) for line in s.said_lines)) if p not in besides]
         return named if len(named) == 1 else []
+
+    def _waived_for_caller(self, p: Price, s: Support) -> bool:
+        """`p` is free for this caller: its condition ("waived for Plus and Gigabit customers")
+        names the item the caller said is theirs ("I'm on the Plus plan")."""
+        m = re.search(r"\b(?:free|waived)\b(.*)", p.norm_value)
+        theirs = self._callers_item(s, besides=[p]) if m else []
+        return bool(theirs) and _names_condition(m.group(1).split(",")[0], normalize(_bare_key(theirs[0].key)))
 
     def _prices(self, norm: str, s: Support) -> Verdict:
         if not self.book.prices:
@@ -606,7 +648,7 @@ class FactGuard:
                     p = items[0]
                     return Verdict(False, f"{fig} is not the price of {p.key} ({p.value})",
                                    f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
-            if free and not any(_free(p.norm_value, clause) for p in items):
+            if free and not any(_free(p.norm_value, clause) or self._waived_for_caller(p, s) for p in items):
                 p = items[0]
                 return Verdict(False, f"{p.key} is not free ({p.value})",
                                f"Actually, the {p.key} is {_end(p.value)}" if len(items) == 1 else None)
@@ -640,6 +682,9 @@ class FactGuard:
             if fig not in figs:
                 continue
             owner = next((p for p in self.book.prices if line.startswith(f"price of {normalize(p.key)}:")), None)
+            if owner is None:  # a fact that names one priced item is that item's ("Express shipping takes 2 days")
+                named = [p for p in self.book.prices if p.phrase and p.pattern.search(line)]
+                owner = named[0] if len(named) == 1 else None
             if owner is None or owner in items:
                 return None  # a fact of its own, or the named item's
             owners.append(owner)
@@ -729,6 +774,9 @@ class FactGuard:
         way (the agreement rule runs these rules on it)."""
         sources = [*self.book.lines, *self.book.labels, *s.labels, *(normalize(b) for b in s.booked or [])]
         for clause in _clauses(norm):
+            v = self._doctor_on_slot(clause, s)
+            if not v.ok:
+                return v
             if not _PRESENT.search(clause):
                 continue
             negated = bool(_NEGATION.search(clause))
@@ -1031,6 +1079,7 @@ def _slot_time(slot: str) -> str:
 
 
 _YOUR = re.compile(r"\byour\b")
+_EXACT = re.compile(r"\b(?:exact|exactly|fixed|flat|final)\b(?: \w+)?(?: price| cost| fee| rate|$)|\bprecisely\b")
 # The caller's record, unnumbered ("your order was over $50"): the one they named in the call.
 _IT = re.compile(r"\b(?:it|it's|its)\b")
 _YOUR_RECORD = re.compile(r"\b(?:your|my) (?:order|package|parcel|delivery|shipment|account|ticket)\b")
@@ -1273,6 +1322,10 @@ class TurnGuard:
                 self.said.append(fact)
                 return f"{sentence} {fact}"
         if v.ok:
+            if self.guard.is_fallback(sentence) and self.guard.book.fallback not in self.said:
+                # The model said the fallback itself: a sentence held back later in the turn
+                # is not answered with it a second time (specvoice chat, isp).
+                self.said.append(self.guard.book.fallback)
             return sentence
         correction = v.correction
         if correction is None:
