@@ -819,3 +819,14 @@ def test_the_fallback_the_model_said_is_not_said_again(guards):
                               "Please try again later.")]
     assert said == ["I'm not sure about that.", "I can take a message and have someone call you back.", None]
     assert turn.guarded[0]["sentence"] == "Please try again later." and turn.guarded[0]["said"] is None
+
+
+def test_the_price_below_a_limit_is_not_the_price_over_it(guards):
+    """ "How much is shipping on a $60 order?" got "$6.95" (specvoice chat, shop): standard
+    shipping is free over $50; $6.95 is what a smaller order pays."""
+    shop = guards["shop"]
+    v = check(shop, "$6.95", "How much is shipping on a $60 order?")
+    assert not v.ok and v.correction == "The standard shipping is free on orders over $50."
+    assert check(shop, "$6.95", "How much is shipping on a $40 order?").ok
+    assert check(shop, "It's free, since your order is over $50.", "How much is shipping on a $60 order?").ok
+    assert check(shop, "Express shipping is $14.95.", "How much is shipping on a $60 order?").ok

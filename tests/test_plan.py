@@ -80,6 +80,13 @@ def test_plan_filter_speaks_only_the_answer_however_it_is_split():
     assert f.feed('{"act": "end_call"') == "" and f.act == "end_call" and not f.holding
     f = PlanFilter()  # a backend that ignored the constraint: all of it is the answer
     assert f.feed("We open ") + f.feed("at 8.") + f.finish()[0] == "We open at 8."
+    # A plan line the model began after its answer ends the answer: "UPS" was held back whole
+    # as markup with it, and the caller heard the fallback (specvoice chat, shop).
+    text = '{"act": "answer"}\nUPS\n\n{"act": "end_call"}'
+    for step in (1, 3, len(text)):
+        f = PlanFilter()
+        said = "".join(f.feed(text[i:i + step]) for i in range(0, len(text), step)) + f.finish()[0]
+        assert said.strip() == "UPS", step
 
 
 CALLER = "Hi, this is Ann Lee: Tuesday at 10:30, please, and my friend Cy wants to leave a message."
@@ -699,5 +706,30 @@ def test_a_table_too_small_for_the_party_is_offered_away_not_booked(tmp_path):
         for line in ("Do you have something for 8 pm?", "A table for 7:30, please.", "Anything for 8 o'clock?"):
             assert _party([line]) is None, line
         assert _party(["A table for four at 8 pm.", "We'll be five actually."]) == 5
+    finally:
+        s.close()
+
+
+def test_the_doctor_the_caller_asks_for_is_not_swapped_for_another(tmp_path):
+    """ "I'd like to book with Dr. Moreno on Tuesday." was offered "Tuesday 10:30 a.m. with
+    Dr. Patel" (specvoice chat): the caller hears Dr. Moreno's open slots instead."""
+    slots = ["Tuesday 10:30 a.m. with Dr. Patel", "Wednesday 2:15 p.m. with Dr. Moreno", "Friday 9:00 a.m. with Dr. Patel"]
+    s = open_store(tmp_path / "dental.sqlite", open_slots=slots)
+    try:
+        box = ToolBox(s, "c")
+        line = "I'd like to book with Dr. Moreno on Tuesday."
+        o = act(Plan("book", slots[0], None), box, line, [line])
+        assert o.calls == [] and o.line == ("Dr. Moreno has these open slots: Wednesday 2:15 p.m. with Dr. Moreno. "
+                                            "Which would you like?")
+        o = act(Plan("book", slots[0], "Sam Ortiz"), box, "With Doctor Moreno, please. I'm Sam Ortiz.",
+                ["With Doctor Moreno, please. I'm Sam Ortiz."])
+        assert o.calls == [] and s.bookings() == []
+        # The doctor the caller named, or none named: booked as before.
+        line = "Tuesday with Dr. Patel, please. I'm Sam Ortiz."
+        assert act(Plan("book", slots[0], "Sam Ortiz"), box, line, [line]).calls[0].ok
+        box.run("book_slot", {"slot": slots[1], "name": "Ann Lee"})
+        line = "Can I see Dr. Moreno? I'm Bo Wu."
+        o = act(Plan("book", slots[2], "Bo Wu"), box, line, [line])
+        assert o.line == "Sorry, Dr. Moreno has no open slot right now. I can take a message instead."
     finally:
         s.close()

@@ -20,9 +20,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-__all__ = ["DAYS", "BusinessConfig", "Example", "Layout", "day_hours", "default_business", "facts_prompt"]
+__all__ = ["DAYS", "NUMBER_WORDS", "BusinessConfig", "Example", "Layout", "day_hours", "default_business",
+           "facts_prompt"]
 
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+# The numbers a caller or the model says as words, zero to nineteen (the guard reads figures
+# with them, the plan step a party's size).
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
 Layout = Literal["paragraph", "lines"]
 Persona = Literal["role", "checker"]
 

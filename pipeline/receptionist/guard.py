@@ -59,17 +59,15 @@ from typing import Any
 
 from pipeline.ports import ToolRunner
 from pipeline.receptionist.caller import NOT_NAME, caller_name
-from pipeline.receptionist.business import DAYS, FALLBACK, BusinessConfig, _is_closed, day_hours
+from pipeline.receptionist.business import DAYS, FALLBACK, NUMBER_WORDS, BusinessConfig, _is_closed, day_hours
 
 __all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "claimed_actions", "normalize", "turn_guard"]
 
 # ---------------------------------------------------------------- one spelling for text
 
-_SMALL = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
 _TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
-_NUM_WORD = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[- ](" + "|".join(_SMALL[1:10]) + r"))?|("
-                       + "|".join(_SMALL) + r"))\b")
+_NUM_WORD = re.compile(r"\b(?:(" + "|".join(_TENS) + r")(?:[- ](" + "|".join(NUMBER_WORDS[1:10]) + r"))?|("
+                       + "|".join(NUMBER_WORDS) + r"))\b")
 # (trigger, pattern, replacement): a step runs only when its trigger is in the text (a
 # substring test costs far less than a regex scan; the guard runs on every sentence).
 _NORMAL_STEPS: list[tuple[tuple[str, ...], re.Pattern, str | Callable]] = [(t, re.compile(p), r) for t, p, r in [
@@ -97,7 +95,7 @@ _NORMAL_STEPS: list[tuple[tuple[str, ...], re.Pattern, str | Callable]] = [(t, r
 ]]
 _PUNCT = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'", "\u201c": '"', "\u201d": '"', "\u2013": " - ",
                         "\u2014": " - ", "\u00a0": " "})
-_NUMBER_WORDS = tuple(_SMALL) + tuple(_TENS)
+_SPELLED = NUMBER_WORDS + tuple(_TENS)  # any number word: the trigger for _NUM_WORD
 # "one" as a pronoun: after a word that picks a thing out ("Is the Friday one free again
 # now?" was judged as the figure 1, not in the facts: specvoice chat). Written "ones" (a
 # stop word) so that no rule reads a figure there.
@@ -112,9 +110,9 @@ def normalize(text: str) -> str:
     t = text.lower().translate(_PUNCT)
     if "one" in t:  # "the Friday one", "that one": a slot, not the figure 1
         t = _PRONOUN_ONE.sub(r"\1 ones", t)
-    if any(w in t for w in _NUMBER_WORDS):
-        t = _NUM_WORD.sub(lambda m: str(_TENS[m.group(1)] + (_SMALL.index(m.group(2)) if m.group(2) else 0))
-                          if m.group(1) else str(_SMALL.index(m.group(3))), t)
+    if any(w in t for w in _SPELLED):
+        t = _NUM_WORD.sub(lambda m: str(_TENS[m.group(1)] + (NUMBER_WORDS.index(m.group(2)) if m.group(2) else 0))
+                          if m.group(1) else str(NUMBER_WORDS.index(m.group(3))), t)
     for triggers, pattern, repl in _NORMAL_STEPS:
         if any(x in t for x in triggers):
             t = pattern.sub(repl, t)
@@ -520,7 +518,7 @@ class FactGuard:
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
         for rule in (self._callers_name, self._actions, *(() if question else (self._callers_booking,)), self._names,
                      self._records, self._referent, self._days, self._slots, self._doctors_days, self._prices,
-                     self._exact_price, self._figures,
+                     self._exact_price, self._over_the_limit, self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
             if not v.ok:
@@ -590,6 +588,24 @@ class FactGuard:
         label, raw = slots[0]
         wrong = sorted(f"Dr. {d.capitalize()}" for d in doctors if not re.search(rf"\bdr {d}\b", label))
         return Verdict(False, f"names {' and '.join(wrong)} on {raw}", _end(f"Actually, that slot is {raw}"))
+
+    def _over_the_limit(self, norm: str, s: Support) -> Verdict:
+        """"$6.95" to "How much is shipping on a $60 order?" (specvoice chat, shop): the price
+        paid below a limit ("free over $50, otherwise $6.95"), for an amount the caller said is
+        over it."""
+        amounts = [float(x[1:]) for x in _MONEY.findall(s.question)]
+        if not amounts:
+            return _OK
+        for clause in _clauses(norm):
+            if _NEGATION.search(clause):
+                continue
+            for fig in _MONEY.findall(clause):
+                for p in self.book.prices:
+                    m = _FREE_OVER.search(p.norm_value)
+                    if m and fig != m.group(1) and _has_figure(p.norm_value, fig) and max(amounts) > float(m.group(1)[1:]):
+                        return Verdict(False, f"{fig} for ${max(amounts):g}: the {p.key} is {p.value}",
+                                       f"The {p.key} is free on orders over {m.group(1)}.")
+        return _OK
 
     def _exact_price(self, norm: str, s: Support) -> Verdict:
         """"Is that the exact price?" "Yes, that is the exact price." of "The filling is from
@@ -1079,6 +1095,7 @@ def _slot_time(slot: str) -> str:
 
 
 _YOUR = re.compile(r"\byour\b")
+_FREE_OVER = re.compile(r"\bfree (?:on orders )?(?:over|above) (\$\d+(?:\.\d\d)?)")
 _EXACT = re.compile(r"\b(?:exact|exactly|fixed|flat|final)\b(?: \w+)?(?: price| cost| fee| rate|$)|\bprecisely\b")
 # The caller's record, unnumbered ("your order was over $50"): the one they named in the call.
 _IT = re.compile(r"\b(?:it|it's|its)\b")

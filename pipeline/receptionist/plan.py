@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.receptionist.business import DAYS
+from pipeline.receptionist.business import DAYS, NUMBER_WORDS
 from pipeline.receptionist.bookings import same_name
 from pipeline.receptionist.caller import NOT_NAME, agent_asked
 from pipeline.receptionist.tools import stays_done
@@ -404,6 +404,11 @@ def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str], agent_li
         # The caller asked for a day the slot is not on ("Monday at 9", no Monday slot):
         # the 1.5B planned the nearest slot there is (bench tools); offer, do not book.
         return Outcome(_not_a_slot(toolbox.store, "book"))
+    asked, doctor = _doctors_asked(caller_text, toolbox.store), _slot_doctor(plan.slot)
+    if asked and doctor and doctor not in asked:
+        # "I'd like to book with Dr. Moreno on Tuesday." was offered "Tuesday 10:30 a.m. with
+        # Dr. Patel" (specvoice chat): the doctor the caller asked for is theirs to give up.
+        return Outcome(_doctor_slots(toolbox.store, asked))
     party, seats = _party([*lines, caller_text]), _seats(plan.slot)
     if party and seats and party > seats:
         # "Do you have a table for four tomorrow?" was offered, then booked, "tomorrow 9:00
@@ -449,9 +454,7 @@ def _chosen(slot: str, caller_lines: list[str], agent_line: str) -> bool:
         hour and re.search(rf"(?<![\d:]){re.escape(hour)}(?![\d])", said))
 
 
-_COUNT_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
-                                             "thirteen fourteen fifteen sixteen seventeen eighteen nineteen "
-                                             "twenty".split())}
+_COUNT_WORDS = {w: i for i, w in enumerate((*NUMBER_WORDS, "twenty"))}
 # A count, not a time ("something for 8 pm", "a table for 7:30", "for 8 o'clock").
 _COUNT = r"(\d{1,2}|" + "|".join(_COUNT_WORDS) + r")(?!\s*(?:[ap]\.?\s?m\b|:|o'?clock|in the|at night))"
 # How many the caller books for: "a table for four", "for 6 people", "a party of twelve",
@@ -491,6 +494,36 @@ def _seating(store: Any, party: int, caller_lines: list[str]) -> str:
 
 
 _DAY_WORD = re.compile(r"\b(?:" + "|".join(DAYS) + r"|tonight|tomorrow)s?\b", re.IGNORECASE)
+
+
+_SLOT_DOCTOR = re.compile(r"\bwith Dr\.? (\w+)", re.IGNORECASE)
+
+
+def _slot_doctor(slot: str) -> str | None:
+    m = _SLOT_DOCTOR.search(slot)
+    return m.group(1).casefold() if m else None
+
+
+def _doctors_asked(text: str, store: Any) -> set[str]:
+    """The doctors `text` asks for by name ("with Dr. Moreno", "Doctor Patel"), of those the
+    slots name (open or not); empty when it names none."""
+    try:
+        known = {d for x in store.slots(only_open=False) if x.active and (d := _slot_doctor(x.label))}
+    except Exception:  # the database is down: book_slot will say so
+        return set()
+    return {m.casefold() for m in re.findall(r"\b(?:dr\.?|doctor) (\w+)", text, re.IGNORECASE)} & known
+
+
+def _doctor_slots(store: Any, doctors: set[str]) -> str:
+    """The open slots of the doctors the caller asked for, to choose from."""
+    try:
+        slots = [x for x in store.open_slots() if _slot_doctor(x) in doctors]
+    except Exception:
+        slots = []
+    names = " or ".join(f"Dr. {d.capitalize()}" for d in sorted(doctors))
+    if not slots:
+        return f"Sorry, {names} has no open slot right now. I can take a message instead."
+    return f"{names} has these open slots: " + "; ".join(slots) + ". Which would you like?"
 
 
 def _offer(store: Any) -> str:

@@ -50,10 +50,13 @@ class PlanFilter:
         self.text = ""  # everything the model wrote this round
         self.act: str | None = None
         self._state = "head"  # head -> answer | action | free
+        self._cut = False  # the answer ended where the model began another plan line
 
     def feed(self, text: str) -> str:
         self.text += text
-        if self._state in ("answer", "free"):
+        if self._state == "answer":
+            return self._answer(text)
+        if self._state == "free":
             return text
         if self._state == "action":
             return ""
@@ -69,8 +72,20 @@ class PlanFilter:
                 return ""
         if self.act == "answer" and "\n" in self.text:
             self._state = "answer"
-            return self.text.partition("\n")[2]
+            return self._answer(self.text.partition("\n")[2])
         return ""
+
+    def _answer(self, text: str) -> str:
+        """The answer as it comes, up to a plan line the model began after it ("UPS\n\n{"act":
+        "end_call"}" was held back whole as markup, and the caller heard the fallback for a
+        right answer: specvoice chat, shop). Markup is never spoken; the answer before it is."""
+        if self._cut:
+            return ""
+        i = text.find("{")
+        if i < 0:
+            return text
+        self._cut = True
+        return text[:i]
 
     @property
     def holding(self) -> bool:
