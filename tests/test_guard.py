@@ -830,3 +830,48 @@ def test_the_price_below_a_limit_is_not_the_price_over_it(guards):
     assert check(shop, "$6.95", "How much is shipping on a $40 order?").ok
     assert check(shop, "It's free, since your order is over $50.", "How much is shipping on a $60 order?").ok
     assert check(shop, "Express shipping is $14.95.", "How much is shipping on a $60 order?").ok
+
+
+def test_the_callers_number_is_the_one_they_gave(dental):
+    """ "Hi, I'm Leo Grant, 555-0199. Book me Friday at 9." then "What's my phone number on
+    file?" got "555-0142", the practice's own number (specvoice chat)."""
+    gave = ("Hi, I'm Leo Grant, 555-0199. Book me Friday at 9.",)
+    v = check(dental, "555-0142", "What's my phone number on file?", gave)
+    assert not v.ok and v.correction == "The number you gave me is 555-0199."
+    assert check(dental, "Your number is 555-0199.", "What's my phone number on file?", gave).ok
+    v = check(dental, "Your number is 555-0142.", "What's my number?")
+    assert not v.ok and v.correction == "I don't think you've given me your number yet."
+    assert check(dental, "Our number is 555-0142.", "What's your phone number?", gave).ok
+
+
+def test_two_prices_apart_are_the_difference_of_the_two(dental):
+    """ "The price of whitening is $249, which is $160 more than the price of a cleaning." was
+    held back (specvoice chat): $249 - $89 is $160."""
+    said = "The price of whitening is $249, which is $160 more than the price of a cleaning."
+    assert check(dental, said, "How much more is a whitening than a cleaning?").ok
+    assert not check(dental, said.replace("$160", "$150"), "How much more is a whitening than a cleaning?").ok
+    assert check(dental, "A whitening is $160 more than a cleaning.", "How much more is a whitening?").ok
+
+
+def test_an_orders_arrival_and_carrier_are_its_own_lines(guards):
+    """ "When will order 48377 arrive?" got "The rain jacket will arrive tomorrow." (it ships
+    tomorrow), then "Which carrier will it use?" "It will use UPS." (UPS is order 48213's):
+    specvoice chat, shop."""
+    shop = guards["shop"]
+    v = check(shop, "The rain jacket will arrive tomorrow.", "When will order 48377 arrive?")
+    assert not v.ok and "no arrival" in v.why and "48377" in v.correction
+    said = ("When will order 48377 arrive?",)
+    v = check(shop, "It will use UPS.", "Which carrier will it use?", said)
+    assert not v.ok and "ups" in v.why
+    assert check(shop, "It ships tomorrow.", "When will it arrive?", said).ok
+    assert check(shop, "It ships with UPS and arrives Thursday by 8 p.m.", "Which carrier?", ("Where is order 48213?",)).ok
+    assert check(shop, "Order 48213 will arrive on Thursday by 8 p.m.", "When will order 48213 arrive?").ok
+
+
+def test_two_monthly_prices_apart(guards):
+    """ "The price difference between the Basic and Gigabit plans is $40 per month." (true:
+    $79.99 - $39.99) was held back (specvoice chat, isp)."""
+    isp = guards["isp"]
+    q = "What's the price difference between Basic and Gigabit?"
+    assert check(isp, "The price difference between the Basic and Gigabit plans is $40 per month.", q).ok
+    assert not check(isp, "The price difference between the Basic and Gigabit plans is $30 per month.", q).ok

@@ -261,7 +261,7 @@ def test_a_message_is_taken_only_when_the_caller_asks_for_one(store):
     (["Tuesday at 10:30 for 2 people, on the 12th."], None),
 ])
 def test_caller_phone(lines, phone):
-    from pipeline.receptionist.plan import caller_phone
+    from pipeline.receptionist.caller import caller_phone
 
     assert caller_phone(lines) == phone
 

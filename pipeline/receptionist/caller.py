@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NOT_NAME", "agent_asked", "agent_before", "asks_own_name", "caller_lines", "caller_name", "greeting_reply",
+__all__ = ["NOT_NAME", "agent_asked", "agent_before", "asks_own_name", "caller_lines", "caller_name", "caller_phone", "greeting_reply",
            "greets_only", "only_greets", "own_reply"]
 
 _NAME_WORD = r"[^\W\d_][\w'’-]*"
@@ -156,3 +156,19 @@ def greets_only(text: str, messages: list[dict]) -> bool:
 def greeting_reply(name: str | None) -> str:
     """What the agent says back to a line that only greets: by first name when one was given."""
     return f"Hi {name.split()[0]}, how can I help you today?" if name else "Hi, how can I help you today?"
+
+
+# A phone number: 7 or more digits, with the spaces, dots, dashes and brackets people say
+# or the STT writes ("555-0199", "(617) 555 0199", "+44 20 7946 0958").
+_PHONE = re.compile(r"(?<![\w:(])\+?\(?\d[\d ().-]{5,}\d(?![\w:])")
+
+
+def caller_phone(caller_lines: list[str]) -> str | None:
+    """The last phone number the caller said in this call: the plan leaves numbers out (its
+    grammar has no phone), so a booking takes it from the caller's own words, and the guard
+    what the agent says the caller's number is."""
+    for line in reversed(caller_lines):
+        found = [m.group(0).strip() for m in _PHONE.finditer(line) if len(re.sub(r"\D", "", m.group(0))) >= 7]
+        if found:
+            return found[-1]
+    return None

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.ports import ToolRunner
-from pipeline.receptionist.caller import NOT_NAME, caller_name
+from pipeline.receptionist.caller import NOT_NAME, caller_name, caller_phone
 from pipeline.receptionist.business import DAYS, FALLBACK, NUMBER_WORDS, BusinessConfig, _is_closed, day_hours
 
 __all__ = ["FactBook", "FactGuard", "Support", "TurnGuard", "Verdict", "claimed_actions", "normalize", "turn_guard"]
@@ -442,6 +442,7 @@ class Support:
     question: str = ""  # the caller's last question in this line (normalised), else the whole line
     agent_before: str = ""  # the agent's line before this caller line (normalised): what "that" points at
     records: list[str] = field(default_factory=list)  # record numbers the caller named in this call, in order
+    phone: str | None = None  # the last phone number the caller said in this call, as they said it
     # What the caller's yes-no question asks about that no fact names ("" none; None: not
     # looked at yet): FactGuard._unknown_subject fills it at its first sentence.
     asked: str | None = None
@@ -473,7 +474,8 @@ class Support:
                    [_WORD.findall(normalize(x)) for x in [*earlier, caller] if x], name=name,
                    booked=None if booked is None else list(booked),
                    question=questions[-1] if questions else normalize(caller), agent_before=normalize(agent_before),
-                   records=[x for line in [*earlier, caller] for x in _RECORD_ID.findall(normalize(line or ""))])
+                   records=[x for line in [*earlier, caller] for x in _RECORD_ID.findall(normalize(line or ""))],
+                   phone=caller_phone([*earlier, caller]))
 
 
 class FactGuard:
@@ -516,7 +518,7 @@ class FactGuard:
     # -- the rules
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
-        for rule in (self._callers_name, self._actions, *(() if question else (self._callers_booking,)), self._names,
+        for rule in (self._callers_name, self._callers_number, self._actions, *(() if question else (self._callers_booking,)), self._names,
                      self._records, self._referent, self._days, self._slots, self._doctors_days, self._prices,
                      self._exact_price, self._over_the_limit, self._figures,
                      *(() if question else (self._offers,))):
@@ -551,6 +553,8 @@ class FactGuard:
                     continue  # the price of an item the sentence names (the price rule checks which)
                 if len(items) > 1 and _TOGETHER.search(clause) and fig == _sum(items):
                     continue  # the items' prices added up ("together come to $338")
+                if _MORE_THAN.search(clause) and fig == _difference(items):
+                    continue  # the two items' prices apart ("$160 more than a cleaning")
                 if not items and not topic_words(norm) and len(asked := self._priced_items(s.question)) > 1 \
                         and fig == _sum(asked):
                     continue  # a sum alone, of the items the caller asked about (the price rule)
@@ -659,6 +663,8 @@ class FactGuard:
                                ", and ".join(f"{'The' if i == 0 else 'the'} {p.key} is {p.value}"
                                              for i, p in enumerate(items)) + ".")
             for fig in money:
+                if _MORE_THAN.search(clause) and fig == _difference(self._priced_items(norm)):
+                    continue  # "$249, which is $160 more than a cleaning": the two prices apart
                 if not any(_has_figure(p.norm_value, fig) for p in items) and not any(
                         _has_figure(r, fig) for r in s.results):
                     p = items[0]
@@ -863,14 +869,34 @@ class FactGuard:
                     wrong = [fig for fig in _MONEY.findall(clause) if not _has_figure(line, fig)]
                     if wrong:  # nothing to correct it with: the line does not know the sum
                         return Verdict(False, f"says {wrong[0]} of a record whose line does not")
-            arrives = {m.group(1) for m in _ARRIVAL_DAY.finditer(line)}
-            if why is None and arrives:
-                wrong = [m.group(1) for m in _ARRIVAL_DAY.finditer(norm) if m.group(1) not in arrives]
-                if wrong:
-                    why = f"says it arrives on {wrong[0]}, its line says {sorted(arrives)[0]}"
+            arrives = {m.group(1) or m.group(2) for m in _ARRIVAL_DAY.finditer(line)}
+            said = [m.group(1) or m.group(2) for m in _ARRIVAL_DAY.finditer(norm)
+                    if not _negated_before(norm, m.start())]
+            wrong = [d for d in said if d not in arrives]
+            if why is None and wrong:
+                # "The rain jacket will arrive tomorrow." of an order that ships tomorrow (specvoice chat).
+                why = (f"says it arrives {wrong[0]}, its line says {sorted(arrives)[0]}" if arrives else
+                       f"says it arrives {wrong[0]}, its line gives no arrival")
+            if why is None:
+                # "It will use UPS." of order 48377, whose line names no carrier: UPS is 48213's.
+                theirs = topic_words(line)
+                foreign = sorted(w for w in topic_words(norm) - theirs
+                                 if any(w in t for t in self._other_records(i)) and w not in self._plain_topics)
+                if foreign:
+                    why = f"says {foreign[0]!r} of a record whose line does not (another record's)"
             if why is not None:
                 return Verdict(False, why, _actually(self.book.said[i]))
         return _OK
+
+    def _other_records(self, i: int) -> list[set[str]]:
+        """The topic words of every record line (one that holds a record number) but line i."""
+        return [t for j, (line, t) in enumerate(zip(self.book.lines, self.book.line_topics))
+                if j != i and _RECORD_ID.search(line)]
+
+    @functools.cached_property
+    def _plain_topics(self) -> set[str]:
+        """The topic words of the fact lines that are no record's: the business's own words."""
+        return set().union(*(t for line, t in zip(self.book.lines, self.book.line_topics) if not _RECORD_ID.search(line)))
 
     def _callers_name(self, norm: str, s: Support) -> Verdict:
         """What the agent says of the caller's name is what the caller said it is. The 1.5B
@@ -898,6 +924,18 @@ class FactGuard:
                            f"Your name is {s.name}.")
         return Verdict(False, f"calls the caller {' '.join(said).title()}, a name they did not give",
                        "I don't think you've told me your name yet.")
+
+    def _callers_number(self, norm: str, s: Support) -> Verdict:
+        """"What's my phone number on file?" got "555-0142", the business's own (specvoice
+        chat): a number said as the caller's is one the caller gave."""
+        if not _MY_NUMBER.search(s.question):
+            return _OK
+        for fig in _PHONE.findall(norm):
+            if fig.replace("-", "") not in s.caller_digits:
+                return Verdict(False, f"gives {fig} as the caller's number",
+                               f"The number you gave me is {s.phone}." if s.phone else
+                               "I don't think you've given me your number yet.")
+        return _OK
 
     def _callers_booking(self, norm: str, s: Support) -> Verdict:
         """What the agent says the caller has booked is a booking the database holds for them
@@ -1095,6 +1133,7 @@ def _slot_time(slot: str) -> str:
 
 
 _YOUR = re.compile(r"\byour\b")
+_MY_NUMBER = re.compile(r"\bmy (?:phone |cell |mobile |contact |callback )?number\b")
 _FREE_OVER = re.compile(r"\bfree (?:on orders )?(?:over|above) (\$\d+(?:\.\d\d)?)")
 _EXACT = re.compile(r"\b(?:exact|exactly|fixed|flat|final)\b(?: \w+)?(?: price| cost| fee| rate|$)|\bprecisely\b")
 # The caller's record, unnumbered ("your order was over $50"): the one they named in the call.
@@ -1105,7 +1144,8 @@ _RECORD_ID = re.compile(r"(?<![\w.-])(\d{5,})(?![\w-]|\.\d)")
 # A status said as done or under way ("has shipped", "being packed"), not as to come ("will be shipped").
 _STATUS = re.compile(r"\b(?:(?:has|have|had|is|are|was|were|already|got)(?: been| already)? (shipped|delivered|arrived|dispatched|"
                      r"refunded|returned|packed|processed)|being (packed|processed))\b")
-_ARRIVAL_DAY = re.compile(r"\b(?:arriv\w*|deliver\w*|get there|reach you)\b(?: \w+){0,2}? (?:on |by )?" + _DAY_NAME)
+_ARRIVAL_DAY = re.compile(r"\b(?:arriv\w*|deliver\w*|get there|reach you)\b(?: \w+){0,2}? (?:on |by )?(?:"
+                          + _DAY_NAME + r"|(today|tonight|tomorrow))\b")
 # A caller's yes-no question, up to what it asks about ("do you have", "can I", "is there").
 _ASKS_WHETHER = re.compile(
     r"^(?:(?:so|and|but|also|um|hmm|great|ok|okay|well|oh|hi|hello|sorry)[ ,]+)*(?:do|does|can|could|will|would|is|are)"
@@ -1159,6 +1199,16 @@ def _sum(items: list[Price]) -> str | None:
     return f"${total:.2f}".removesuffix(".00")
 
 
+def _difference(items: list[Price]) -> str | None:
+    """Two items' prices apart, as "$N" (None: not two plain prices, or two per different units)."""
+    values = [re.fullmatch(r"\$(\d+(?:\.\d\d)?)((?: a| per) \w+)?", p.norm_value.strip().rstrip(".")) for p in items]
+    if len(values) != 2 or not all(values) or values[0].group(2) != values[1].group(2):
+        return None  # "a month" against "a month" only
+    a, b = (float(m.group(1)) for m in values)
+    return f"${abs(a - b):.2f}".removesuffix(".00")
+
+
+_MORE_THAN = re.compile(r"\b(?:more|less|cheaper|pricier|dearer|difference|than|extra)\b")
 _WHO = {_stem(w) for w in "customer customers member members client clients user users people person".split()}
 
 

@@ -32,10 +32,10 @@ from typing import Any
 
 from pipeline.receptionist.business import DAYS, NUMBER_WORDS
 from pipeline.receptionist.bookings import same_name
-from pipeline.receptionist.caller import NOT_NAME, agent_asked
+from pipeline.receptionist.caller import NOT_NAME, agent_asked, caller_phone
 from pipeline.receptionist.tools import stays_done
 
-__all__ = ["ACTS", "ANSWER_LINE", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "caller_phone", "clean_name",
+__all__ = ["ACTS", "ANSWER_LINE", "ANSWER_ONLY_GRAMMAR", "OTHER_SLOT", "Outcome", "Plan", "PlanParse", "act", "allowed_acts", "clean_name",
            "parse_plan", "plan_grammar", "plan_prompt", "plan_slots"]
 
 # The acts, in the order the prompt lists them. "answer": a question, answered from the facts.
@@ -362,19 +362,8 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str]
 
 # Words of a caller who changes their mind ("Actually, Friday would be better").
 _CHANGE = re.compile(r"\b(?:actually|instead|change|move|switch|rather|better|reschedule|prefer)\b", re.IGNORECASE)
-# A phone number: 7 or more digits, with the spaces, dots, dashes and brackets people say
-# or the STT writes ("555-0199", "(617) 555 0199", "+44 20 7946 0958").
-_PHONE = re.compile(r"(?<![\w:(])\+?\(?\d[\d ().-]{5,}\d(?![\w:])")
 
 
-def caller_phone(caller_lines: list[str]) -> str | None:
-    """The last phone number the caller said in this call: the plan leaves numbers out (its
-    grammar has no phone), so a booking takes it from the caller's own words."""
-    for line in reversed(caller_lines):
-        found = [m.group(0).strip() for m in _PHONE.finditer(line) if len(re.sub(r"\D", "", m.group(0))) >= 7]
-        if found:
-            return found[-1]
-    return None
 
 
 def _same_slot(a: str, b: str) -> bool:
