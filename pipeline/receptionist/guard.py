@@ -767,12 +767,7 @@ class FactGuard:
                 parts = _PART_OF_DAY.findall(part)
                 if not (times or days or rel or counts or parts):
                     continue
-                # The doctors the claim is of: the clause's one, or, where the part names one day
-                # or time, all it names ("Dr. Moreno is available on Friday at 9:00 a.m. with Dr.
-                # Patel" of Dr. Patel's slot, specvoice chat); a list of days and doctors is not one slot.
-                # (A part begins after a time: its leading "with dr patel" is the time's before it.)
-                here = [self.book.doctor(d) for d in _DOCTOR.findall(re.sub(r"^[\s,]*with dr \w+", "", part))]
-                of = doctors if len(doctors) == 1 else here if len(here) > 1 and len(set(days)) <= 1 and len(times) <= 1 else []
+                of = self._claimed_doctors(doctors, part, days, times)
                 # Each day named is a claim of its own ("mornings on Tuesday and Friday").
                 if not all(any(all(_has_figure(label, t) for t in times)
                                and (day is None or _DAY_WORDS_RE[day].search(label))
@@ -786,6 +781,16 @@ class FactGuard:
                         return Verdict(False, "no slot is open", "There are no open slots right now.")
                     return Verdict(False, "no open slot fits", "The open slots are: " + "; ".join(slots) + ".")
         return _OK
+
+    def _claimed_doctors(self, doctors: list[str], part: str, days: list[int], times: list[str]) -> list[str]:
+        """The doctors one slot claim is of: the clause's one, or, where the part names one day
+        and one time, all it names ("Dr. Moreno is available on Friday at 9:00 a.m. with Dr.
+        Patel" of Dr. Patel's slot, specvoice chat); a list of days and doctors is not one slot
+        (none). A part begins after a time: its leading "with dr patel" is that time's."""
+        if len(doctors) == 1:
+            return doctors
+        here = [self.book.doctor(d) for d in _DOCTOR.findall(re.sub(r"^[\s,]*with dr \w+", "", part))]
+        return here if len(here) > 1 and len(set(days)) <= 1 and len(times) <= 1 else []
 
     def _doctors_days(self, norm: str, s: Support) -> Verdict:
         """"Dr. Moreno is in on Fridays." says which days a doctor works: true only where a fact

@@ -380,15 +380,22 @@ def _held(toolbox: Any, name: str, any_call: bool = False) -> list[Any]:
     return [b for b in rows if (any_call or b.call_id == call_id) and same_name(b.name, name)]
 
 
-def _days_named(text: str) -> set[str]:
-    return {d for d in DAYS if re.search(rf"\b{d}s?\b", text, re.IGNORECASE)}
+# A day a caller names: a weekday ("Tuesdays" too), or tonight / tomorrow (the bistro's slots).
+_DAY_WORD = re.compile(r"\b(" + "|".join(DAYS) + r"|tonight|tomorrow)s?\b", re.IGNORECASE)
+
+
+def _days_named(text: str) -> list[str]:
+    """The days `text` names, in order, as the slots write them ("tuesdays" -> "Tuesday",
+    "Tonight" -> "tonight")."""
+    return [next((d for d in DAYS if d.casefold() == w.casefold()), w.casefold()) for w in _DAY_WORD.findall(text)]
 
 
 def _book(plan: Plan, toolbox: Any, caller_text: str, lines: list[str], agent_line: str = "") -> Outcome:
     """Book `plan.slot`; for a move (or a second booking asked for with "actually",
     "instead"...), cancel the booking this call made under the name, after the new one
     succeeded, so that a refused slot leaves the caller what they had."""
-    named, day = _days_named(caller_text), next((d for d in DAYS if plan.slot.startswith(d)), None)
+    named = [d for d in _days_named(caller_text) if d in DAYS]
+    day = next((d for d in DAYS if plan.slot.startswith(d)), None)
     if named and day is not None and day not in named:
         # The caller asked for a day the slot is not on ("Monday at 9", no Monday slot):
         # the 1.5B planned the nearest slot there is (bench tools); offer, do not book.
@@ -477,12 +484,10 @@ def _seating(store: Any, party: int, caller_lines: list[str]) -> str:
         slots = []
     if not slots:
         return f"Sorry, no open slot has room for {party}. I can take a message instead."
-    days = [m.group(0).casefold() for line in caller_lines for m in _DAY_WORD.finditer(line)]
-    on_day = [x for x in slots if days and x.split()[0].casefold().rstrip("s") == days[-1].rstrip("s")]
+    days = [d for line in caller_lines for d in _days_named(line)]
+    on_day = [x for x in slots if days and x.split()[0].casefold() == days[-1].casefold()]
     return f"For {party}, the open slots are: " + "; ".join(on_day or slots) + ". Which would you like?"
 
-
-_DAY_WORD = re.compile(r"\b(?:" + "|".join(DAYS) + r"|tonight|tomorrow)s?\b", re.IGNORECASE)
 
 
 _SLOT_DOCTOR = re.compile(r"\bwith Dr\.? (\w+)", re.IGNORECASE)
