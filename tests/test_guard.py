@@ -864,6 +864,7 @@ def test_an_orders_arrival_and_carrier_are_its_own_lines(guards):
     v = check(shop, "It will use UPS.", "Which carrier will it use?", said)
     assert not v.ok and "ups" in v.why
     assert check(shop, "It ships tomorrow.", "When will it arrive?", said).ok
+    assert check(shop, "It has no tracking number yet.", "What's the tracking number?", said).ok
     assert check(shop, "It ships with UPS and arrives Thursday by 8 p.m.", "Which carrier?", ("Where is order 48213?",)).ok
     assert check(shop, "Order 48213 will arrive on Thursday by 8 p.m.", "When will order 48213 arrive?").ok
 

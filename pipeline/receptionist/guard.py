@@ -519,7 +519,8 @@ class FactGuard:
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
         for rule in (self._callers_name, self._callers_number, self._actions, *(() if question else (self._callers_booking,)), self._names,
-                     self._records, self._referent, self._days, self._slots, self._doctors_days, self._prices,
+                     self._records, self._referent, self._days, self._slots, self._doctor_on_slot, self._doctors_days,
+                     self._prices,
                      self._exact_price, self._over_the_limit, self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
@@ -576,22 +577,24 @@ class FactGuard:
                     return Verdict(False, f"{fig!r} is in the facts, but not about {_as_said(sorted(about), norm)}")
         return _OK
 
-    def _doctor_on_slot(self, clause: str, s: Support) -> Verdict:
+    def _doctor_on_slot(self, norm: str, s: Support) -> Verdict:
         """A clause that names one slot by its day and time (whatever its verb: "Dr. Moreno will
         be performing a check-up on Tuesday 10:30 a.m. with Dr. Patel", specvoice chat) names
         only that slot's doctor. The slot rule above judges claims that something is open."""
-        doctors = {self.book.doctor(d) for d in _DOCTOR.findall(clause)}
-        days, times = set(_days_in(clause)), _TIME.findall(clause)
-        if not doctors or len(days) != 1 or len(times) != 1 or _NEGATION.search(clause):
-            return _OK
-        day = days.pop()
-        slots = [(label, raw) for label, raw in self._slot_labels(s)
-                 if _DAY_WORDS_RE[day].search(label) and _has_figure(label, times[0]) and _DOCTOR.search(label)]
-        if not slots or any(all(re.search(rf"\bdr {d}\b", label) for d in doctors) for label, _ in slots):
-            return _OK
-        label, raw = slots[0]
-        wrong = sorted(f"Dr. {d.capitalize()}" for d in doctors if not re.search(rf"\bdr {d}\b", label))
-        return Verdict(False, f"names {' and '.join(wrong)} on {raw}", _end(f"Actually, that slot is {raw}"))
+        for clause in _clauses(norm):
+            doctors = {self.book.doctor(d) for d in _DOCTOR.findall(clause)}
+            days, times = set(_days_in(clause)), _TIME.findall(clause)
+            if not doctors or len(days) != 1 or len(times) != 1 or _NEGATION.search(clause):
+                continue
+            day = days.pop()
+            slots = [(label, raw) for label, raw in self._slot_labels(s)
+                     if _DAY_WORDS_RE[day].search(label) and _has_figure(label, times[0]) and _DOCTOR.search(label)]
+            if not slots or any(all(re.search(rf"\bdr {d}\b", label) for d in doctors) for label, _ in slots):
+                continue
+            label, raw = slots[0]
+            wrong = sorted(f"Dr. {d.capitalize()}" for d in doctors if not re.search(rf"\bdr {d}\b", label))
+            return Verdict(False, f"names {' and '.join(wrong)} on {raw}", _end(f"Actually, that slot is {raw}"))
+        return _OK
 
     def _over_the_limit(self, norm: str, s: Support) -> Verdict:
         """"$6.95" to "How much is shipping on a $60 order?" (specvoice chat, shop): the price
@@ -801,9 +804,6 @@ class FactGuard:
         way (the agreement rule runs these rules on it)."""
         sources = [*self.book.lines, *self.book.labels, *s.labels, *(normalize(b) for b in s.booked or [])]
         for clause in _clauses(norm):
-            v = self._doctor_on_slot(clause, s)
-            if not v.ok:
-                return v
             if not _PRESENT.search(clause):
                 continue
             negated = bool(_NEGATION.search(clause))
@@ -885,7 +885,8 @@ class FactGuard:
             if why is None:
                 # "It will use UPS." of order 48377, whose line names no carrier: UPS is 48213's.
                 theirs = topic_words(line)
-                foreign = sorted(w for w in topic_words(norm) - theirs
+                asserted = " ".join(c for c in _clauses(norm) if not _NEGATION.search(c))  # "no tracking number yet": none
+                foreign = sorted(w for w in topic_words(asserted) - theirs
                                  if any(w in t for t in self._other_records(i)) and w not in self._plain_topics)
                 if foreign:
                     why = f"says {foreign[0]!r} of a record whose line does not (another record's)"
