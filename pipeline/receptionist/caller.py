@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NOT_NAME", "agent_asked", "agent_before", "asks_own_name", "caller_lines", "caller_name", "caller_phone", "greeting_reply",
-           "greets_only", "only_greets", "own_reply"]
+__all__ = ["NOT_NAME", "agent_asked", "agent_before", "asks_own_name", "caller_lines", "caller_name", "caller_phone",
+           "greeting_reply", "greets_only", "only_greets", "own_reply"]
 
 _NAME_WORD = r"[^\W\d_][\w'’-]*"
 # "My name is Robert", "the name's Ann Lee", "call me Jo": what follows is the name,

@@ -518,9 +518,9 @@ class FactGuard:
     # -- the rules
 
     def _claims(self, norm: str, s: Support, question: bool = False) -> Verdict:
-        for rule in (self._callers_name, self._callers_number, self._actions, *(() if question else (self._callers_booking,)), self._names,
-                     self._records, self._referent, self._days, self._slots, self._doctor_on_slot, self._doctors_days,
-                     self._prices,
+        for rule in (self._callers_name, self._callers_number, self._actions,
+                     *(() if question else (self._callers_booking,)), self._names, self._records, self._referent,
+                     self._days, self._slots, self._doctor_on_slot, self._doctors_days, self._prices,
                      self._exact_price, self._over_the_limit, self._figures,
                      *(() if question else (self._offers,))):
             v = rule(norm, s)
@@ -884,10 +884,10 @@ class FactGuard:
                        f"says it arrives {wrong[0]}, its line gives no arrival")
             if why is None:
                 # "It will use UPS." of order 48377, whose line names no carrier: UPS is 48213's.
-                theirs = topic_words(line)
                 asserted = " ".join(c for c in _clauses(norm) if not _NEGATION.search(c))  # "no tracking number yet": none
-                foreign = sorted(w for w in topic_words(asserted) - theirs
-                                 if any(w in t for t in self._other_records(i)) and w not in self._plain_topics)
+                others = set().union(*self._other_records(i))
+                foreign = sorted(w for w in topic_words(asserted) - topic_words(line)
+                                 if w in others and w not in self._plain_topics)
                 if foreign:
                     why = f"says {foreign[0]!r} of a record whose line does not (another record's)"
             if why is not None:

@@ -364,8 +364,6 @@ def act(plan: Plan, toolbox: Any, caller_text: str = "", caller_lines: list[str]
 _CHANGE = re.compile(r"\b(?:actually|instead|change|move|switch|rather|better|reschedule|prefer)\b", re.IGNORECASE)
 
 
-
-
 def _same_slot(a: str, b: str) -> bool:
     return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
 
@@ -487,7 +485,6 @@ def _seating(store: Any, party: int, caller_lines: list[str]) -> str:
     days = [d for line in caller_lines for d in _days_named(line)]
     on_day = [x for x in slots if days and x.split()[0].casefold() == days[-1].casefold()]
     return f"For {party}, the open slots are: " + "; ".join(on_day or slots) + ". Which would you like?"
-
 
 
 _SLOT_DOCTOR = re.compile(r"\bwith Dr\.? (\w+)", re.IGNORECASE)
